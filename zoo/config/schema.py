@@ -1,0 +1,200 @@
+"""Typed schemas for every config section.
+
+Hydra composes `conf/` on top of these dataclasses, so a misspelled key or a value of
+the wrong type fails at composition time, naming the key. Cross-key rules (divisibility,
+layout against world size, ...) live in `zoo.validate`, which runs once before any
+process group exists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    family: str = MISSING
+    """Model family: `gpt`, `bert` or `cnn`."""
+    size: str = "tiny"
+    """Named size preset of the family (GPT: tiny, small, medium, large, xl, gpt3-125m ... gpt3-175b)."""
+    n_layer: Optional[int] = None
+    """Override the preset's number of transformer layers."""
+    n_head: Optional[int] = None
+    """Override the preset's number of attention heads."""
+    n_embd: Optional[int] = None
+    """Override the preset's hidden size."""
+    ffn_mult: int = 4
+    """FFN width as a multiple of the hidden size."""
+    block_size: Optional[int] = None
+    """Context length (tokens). None: the preset's."""
+    vocab_size: Optional[int] = None
+    """Vocabulary size. None: the tokenizer's, padded up to a multiple of `vocab_pad_multiple`."""
+    vocab_pad_multiple: int = 128
+    """The tokenizer's vocabulary is padded to a multiple of this (fixed, so every layout
+    builds the same model); tp must divide the padded size."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention and residual branches."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of storing them."""
+    init_from: Optional[str] = None
+    """A local Hugging Face directory (or Hub name) to initialise the weights from."""
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1
+    """Tensor-parallel size (ranks sharing each layer; keep inside a node)."""
+    pp: int = 1
+    """Pipeline-parallel size (stages)."""
+    dp: Optional[int] = None
+    """Data-parallel replicas. Local run: how many to start (None: 1). Under torchrun,
+    the deepspeed launcher or srun: derived from the world size (a set value must match)."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3 over the data-parallel group."""
+    sequence_parallel: bool = False
+    """Shard LayerNorm/dropout activations along the sequence across the tp group."""
+    num_microbatches: Optional[int] = None
+    """Micro-batches per step per pipeline. None: derived from the global batch."""
+    partition_method: str = "parameters"
+    """How DeepSpeed splits layers into pipeline stages: parameters, uniform, type:REGEX."""
+    backend: Optional[str] = None
+    """torch.distributed backend. None: nccl on CUDA, gloo on CPU."""
+    timeout_s: int = 300
+    """Collective timeout: a rank that hangs or dies ends the whole job after this long."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "pydoc"
+    """Data source: `pydoc` (the Python docs inside CPython), `digits` (scikit-learn), `files`, `hub`."""
+    path: Optional[str] = None
+    """For `files`: a file, a directory or a glob. For `hub`: the dataset name or a local dataset directory."""
+    text_column: str = "text"
+    """Column holding the text in jsonl/parquet/csv/hub sources."""
+    tokenizer: Optional[str] = None
+    """None: train one on the source (cached). Else a local directory or a Hub name."""
+    vocab_size: int = 4096
+    """Vocabulary size of a tokenizer trained here."""
+    eval_fraction: float = 0.05
+    """Share of the source held out for evaluation."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+    cache_dir: Optional[str] = None
+    """Where tokenizers and tokenized datasets are cached. None: $ZOO_CACHE or ~/.cache/zoo."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr: float = 1e-4
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 20
+    """Linear warmup steps."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: str = "fp32"
+    """fp32, bf16 or fp16 (fp16 needs CUDA; dynamic loss scaling)."""
+    initial_scale_power: int = 16
+    """fp16: initial loss scale 2**this."""
+    loss_scale_window: int = 1000
+    """fp16: steps without overflow before the scale grows."""
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = "none"
+    """`wandb` or `none`."""
+    project: str = "zoo"
+    """wandb project."""
+    entity: Optional[str] = None
+    """wandb entity (team or user)."""
+    group: Optional[str] = None
+    """wandb group; None: the experiment name."""
+    name: Optional[str] = None
+    """Run name; None: model-size_tpX-ppY-dpZ_zeroN."""
+    tags: List[str] = field(default_factory=list)
+    """wandb tags."""
+    mode: Optional[str] = None
+    """online/offline; None: online when credentials are configured, else offline."""
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200
+    """Optimizer steps to run."""
+    global_batch_size: int = 32
+    """Samples per optimizer step, across all data-parallel replicas."""
+    micro_batch_size: int = 8
+    """Samples per forward/backward on one rank; accumulation is derived."""
+    seed: int = 1234
+    """Seed for init, data order and dropout."""
+    log_every: int = 10
+    """Log metrics every this many steps."""
+    eval_batches: int = 20
+    """Held-out micro-batches evaluated at the end."""
+    sample_tokens: int = 48
+    """Tokens generated at the end of a language-model run (0: none)."""
+    progress: bool = True
+    """Progress bar on rank 0."""
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Save every this many steps (0: only on request, e.g. signals)."""
+    keep: int = 2
+    """Checkpoints kept in the run directory."""
+    save_final: bool = True
+    """Write the consolidated, layout-free weights to model.safetensors at the end."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    experiment: Optional[str] = None
+    """Name of the pinned experiment (set by `experiment/` files; the wandb group)."""
+    resume: Optional[str] = None
+    """`auto` (latest checkpoint in the run directory) or a checkpoint path."""
+    deepspeed: Dict[str, Any] = field(default_factory=dict)
+    """Raw DeepSpeed config keys merged verbatim over the generated config."""
+    debug: bool = False
+    """Show full tracebacks for config errors."""
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "precision": PrecisionConfig,
+    "logger": LoggerConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schemas so that `conf/` files can name them in their defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="zoo_schema", node=Config)
+    for group, node in SECTIONS.items():
+        cs.store(group=group, name=f"{group}_schema", node=node)

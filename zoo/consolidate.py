@@ -1,0 +1,42 @@
+"""Layout-free weights: gather a rank's (tensor-parallel, ZeRO-3-partitioned) parameters
+into the full single-device state dict, named as in the plain model.
+
+This is what the end-of-run weights file, the comparison tests and export read; tied
+parameters appear once, under their first name.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from zoo.parallel.sharding import unshard_tensors
+
+
+def _zero3_gathered(params):
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def full_parameters(module: nn.Module, tp_group=None, prefix: str = "") -> Dict[str, torch.Tensor]:
+    """Full fp32 CPU copies of every parameter of `module` (collective over the tp group
+    and, with ZeRO-3, the data-parallel group: every such rank must call it)."""
+    named = list(module.named_parameters(prefix=prefix.rstrip(".")))
+    out: Dict[str, torch.Tensor] = {}
+    with _zero3_gathered([p for _, p in named]):
+        for name, p in named:
+            t = p.detach()
+            spec = getattr(p, "tp_shard", None)
+            if spec is not None and tp_group is not None:
+                parts = [torch.empty_like(t) for _ in range(dist.get_world_size(tp_group))]
+                dist.all_gather(parts, t.contiguous(), group=tp_group)
+                t = unshard_tensors(parts, spec.dim, spec.chunks)
+            out[name] = t.float().cpu().clone()
+    return out

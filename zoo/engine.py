@@ -1,0 +1,74 @@
+"""The DeepSpeed config, generated in one place from the zoo config, and the engine.
+
+DeepSpeed supplies data parallelism and ZeRO 0-3, gradient accumulation and clipping,
+AdamW (plain torch AdamW: `torch_adam`), warmup + cosine, bf16 and fp16 with dynamic loss
+scaling. Raw keys under the config's `deepspeed:` node are merged over the result verbatim.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, List
+
+import torch.nn as nn
+
+from zoo.config.schema import Config
+from zoo.parallel.topology import Layout
+
+
+def grad_accum_steps(cfg: Config, layout: Layout) -> int:
+    """Micro-batches per rank per step: global batch / (micro batch * dp). Changing the
+    layout changes the accumulation, never the maths."""
+    return cfg.trainer.global_batch_size // (cfg.trainer.micro_batch_size * layout.dp)
+
+
+def _deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
+    o, t, prec = cfg.optim, cfg.trainer, cfg.precision
+    ds: Dict[str, Any] = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": grad_accum_steps(cfg, layout),
+        "gradient_clipping": o.grad_clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": o.lr, "betas": list(o.betas), "eps": o.eps,
+                                                   "weight_decay": o.weight_decay, "torch_adam": True}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": max(t.max_steps, o.warmup_steps + 1, 2),
+            "warmup_num_steps": max(o.warmup_steps, 1), "warmup_min_ratio": 0.0,
+            "warmup_type": "linear", "cos_min_ratio": o.min_lr / o.lr}},
+        "zero_optimization": {"stage": layout.zero_stage},
+        "bf16": {"enabled": prec.dtype == "bf16"},
+        "fp16": {"enabled": prec.dtype == "fp16", "loss_scale": 0,
+                 "initial_scale_power": prec.initial_scale_power, "loss_scale_window": prec.loss_scale_window},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if layout.pp > 1:
+        ds["pipeline"] = {"activation_checkpoint_interval": 1 if cfg.model.activation_checkpointing else 0}
+    return _deep_merge(ds, dict(cfg.deepspeed))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+    """Decay matrices only; biases, norms and position tables are not decayed."""
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 and "wpe" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
+    """Wrap `model` in a DeepSpeed engine over the grid's data-parallel groups."""
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, layout),
+                                           model_parameters=param_groups(model, cfg.optim.weight_decay),
+                                           mpu=grid)
+    return engine

@@ -1,0 +1,83 @@
+"""How this process was started, and the local launcher.
+
+Four ways in: plain `python -m zoo.train` (we start the layout's worker processes with
+torch's elastic launcher), torchrun, the deepspeed launcher (both set RANK/WORLD_SIZE/
+LOCAL_RANK/MASTER_*), and srun (ranks from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, the
+master address from the allocation's first host, the port derived from the job id).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    kind: str  # local | torchrun | deepspeed | slurm
+    world_size: Optional[int]  # None for a local launch (the layout decides)
+
+
+def slurm_master_addr(nodelist: str) -> str:
+    """The first host of a Slurm node list (`node[01-04],gpu7` -> node01)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             check=True, timeout=30).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    head = nodelist.split(",")[0]
+    if "[" in head:
+        prefix, rng = head.split("[", 1)
+        return prefix + rng.rstrip("]").split(",")[0].split("-")[0]
+    return head
+
+
+def slurm_master_port(job_id: str) -> int:
+    """A port in [20000, 30000) derived from the job id, so every task computes the same one."""
+    return 20000 + int(job_id) % 10000
+
+
+def detect() -> LaunchEnv:
+    env = os.environ
+    if env.get("ZOO_LOCAL_WORKER"):
+        return LaunchEnv("local-worker", int(env["WORLD_SIZE"]))
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1 \
+            and "RANK" not in env:
+        job = env.get("SLURM_JOB_ID", "0")
+        env.setdefault("MASTER_ADDR", slurm_master_addr(env.get("SLURM_JOB_NODELIST", socket.gethostname())))
+        env.setdefault("MASTER_PORT", str(slurm_master_port(job)))
+        env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
+        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+        return LaunchEnv("slurm", int(env["SLURM_NTASKS"]))
+    if "RANK" in env and "WORLD_SIZE" in env:
+        kind = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "deepspeed"
+        return LaunchEnv(kind, int(env["WORLD_SIZE"]))
+    return LaunchEnv("local", None)
+
+
+def threads_per_rank(nproc: int) -> int:
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
+def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int) -> None:
+    """Start `nproc` workers of `zoo.worker.main` with torch's elastic launcher on this host.
+
+    Raises `ChildFailedError` (which names the failing rank first) when a worker fails;
+    the agent then stops the others, so no process is left behind.
+    """
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from zoo.worker import main as worker_main
+
+    threads = threads_per_rank(nproc)
+    os.environ["ZOO_LOCAL_WORKER"] = "1"
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"zoo-{uuid.uuid4().hex[:8]}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                          monitor_interval=0.5, start_method="spawn", rdzv_configs={"timeout": timeout_s})
+    elastic_launch(config, worker_main)(cfg_yaml, run_dir, threads)

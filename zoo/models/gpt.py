@@ -1,0 +1,195 @@
+"""The GPT-2 decoder as a plain single-device module, and its named sizes.
+
+The architecture is GPT-2's exactly (learned positions, pre-LayerNorm, tanh-GELU MLP,
+biases everywhere, input and output embeddings tied), with parameter names that mirror
+Hugging Face's `GPT2LMHeadModel` so that export and import are renames plus a transpose.
+Nothing here knows about parallelism: `zoo.parallel.plans` swaps layers for their
+tensor-parallel twins and `zoo.parallel.pipeline` cuts the block list into stages.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# name: (n_layer, n_head, n_embd, block_size)
+GPT_SIZES = {
+    "tiny": (4, 4, 128, 128),
+    "small": (12, 12, 768, 1024),
+    "medium": (24, 16, 1024, 1024),
+    "large": (36, 20, 1280, 1024),
+    "xl": (48, 25, 1600, 1024),
+    # The GPT-3 paper's family (Brown et al. 2020, table 2.1), context 2048. The paper's
+    # 1.3B row lists 24 heads of 128 for d_model 2048; we use 16 heads of 128 as Megatron does.
+    "gpt3-125m": (12, 12, 768, 2048),
+    "gpt3-350m": (24, 16, 1024, 2048),
+    "gpt3-760m": (24, 16, 1536, 2048),
+    "gpt3-1.3b": (24, 16, 2048, 2048),
+    "gpt3-2.7b": (32, 32, 2560, 2048),
+    "gpt3-6.7b": (32, 32, 4096, 2048),
+    "gpt3-13b": (40, 40, 5120, 2048),
+    "gpt3-175b": (96, 96, 12288, 2048),
+}
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """Resolved dimensions of one GPT."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int
+    vocab_size: int
+    ffn_mult: int = 4
+    dropout: float = 0.0
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.ffn_mult * self.n_embd
+
+
+def cross_entropy_per_token(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token loss of full-vocabulary logits; -100 targets give 0."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none",
+                           ignore_index=-100).view_as(targets)
+
+
+def masked_mean(per_token: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean loss over the positions whose target is not -100."""
+    mask = (targets != -100).to(per_token.dtype)
+    return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float):
+        super().__init__()
+        self.head_dim = n_embd // n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)  # fused [q; k; v]
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.c_attn(x)  # (B, T, 3*C_local): under TP each rank holds whole heads
+        B, T, three_c = qkv.shape
+        q, k, v = qkv.split(three_c // 3, dim=2)
+        # (B, nh_local, T, hs)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, three_c // 3)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd: int, ffn_dim: int, dropout: float):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, ffn_dim)
+        self.c_proj = nn.Linear(ffn_dim, n_embd)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(shape.n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(shape.n_embd, shape.n_head, shape.dropout)
+        self.ln_2 = nn.LayerNorm(shape.n_embd, eps=1e-5)
+        self.mlp = MLP(shape.n_embd, shape.ffn_dim, shape.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Embeddings(nn.Module):
+    """Token plus learned position embeddings (the first pipeline stage)."""
+
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.wte = nn.Embedding(shape.vocab_size, shape.n_embd)
+        self.wpe = nn.Embedding(shape.block_size, shape.n_embd)
+        self.drop = nn.Dropout(shape.dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+
+
+class GPT(nn.Module):
+    """GPT-2. `forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss."""
+
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.shape = shape
+        self.embed = Embeddings(shape)
+        self.h = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
+        self.ln_f = nn.LayerNorm(shape.n_embd, eps=1e-5)
+        self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
+        self.lm_head.weight = self.embed.wte.weight  # tied
+        # Replaced by the vocab-parallel loss when the head is sharded.
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
+        # Set by the parallelize step: gathers vocab-sharded logits for sampling.
+        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+        self.activation_checkpointing = False
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.h:
+            if self.activation_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        T = idx.shape[1]
+        assert T <= self.shape.block_size, f"sequence length {T} > block_size {self.shape.block_size}"
+        logits = self.lm_head(self.hidden(idx))
+        if targets is None:
+            return logits
+        return masked_mean(self.loss_fn(logits, targets), targets)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
+                 top_k: int = 40, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """Sample continuations; every rank of a tp group must call it with the same generator."""
+        for _ in range(max_new_tokens):
+            ctx = idx[:, -self.shape.block_size:]
+            logits = self.gather_logits(self(ctx)[:, -1, :]) / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = F.softmax(logits.float(), dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
+
+
+def gpt_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,
+              n_embd: Optional[int] = None, block_size: Optional[int] = None, ffn_mult: int = 4,
+              dropout: float = 0.0) -> GPTShape:
+    if size not in GPT_SIZES:
+        raise ValueError(f"model.size={size!r} is not a GPT size; choose one of {sorted(GPT_SIZES)}")
+    L, H, C, T = GPT_SIZES[size]
+    return GPTShape(n_layer=n_layer or L, n_head=n_head or H, n_embd=n_embd or C,
+                    block_size=block_size or T, vocab_size=vocab_size, ffn_mult=ffn_mult, dropout=dropout)
+
+
+def gpt_init_std(name: str, shape: GPTShape) -> Optional[float]:
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L);
+    None means the parameter is a bias (zeros) or a LayerNorm (ones/zeros)."""
+    if name.endswith("c_proj.weight"):
+        return 0.02 / math.sqrt(2 * shape.n_layer)
+    if name.endswith(("wte.weight", "wpe.weight")) or (name.endswith(".weight") and ".ln" not in name
+                                                        and not name.startswith("ln")):
+        return 0.02
+    return None

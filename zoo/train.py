@@ -1,0 +1,107 @@
+"""Train a model: `python -m zoo.train [model=gpt] [parallel=ddp|zero1|zero2|zero3] [key=value ...]`.
+
+Composes `conf/` with Hydra, validates the config once (before any process group exists),
+then either starts the layout's local worker processes (plain `python -m zoo.train`) or
+runs as one rank under torchrun, the deepspeed launcher or srun.
+
+    python -m zoo.train                                   # tiny GPT on the embedded corpus
+    python -m zoo.train parallel=zero2 trainer.max_steps=50
+    python -m zoo.train --cfg job                         # print the composed config
+    torchrun --nproc-per-node 2 -m zoo.train parallel=zero1
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from zoo.config.schema import Config, register_configs
+
+register_configs()
+_task_started = False
+
+
+def _fail(message: str, run_dir: str | None) -> None:
+    """One line, exit code 2; an empty run directory we created is removed again."""
+    if run_dir and os.path.isdir(run_dir) and not os.listdir(run_dir):
+        os.rmdir(run_dir)
+    print(f"zoo: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(dcfg: DictConfig, run_dir: str) -> None:
+    import torch
+
+    from zoo import launch
+    from zoo.validate import ConfigError, resolve_layout, validate
+
+    cfg: Config = OmegaConf.to_object(dcfg)
+    env = launch.detect()
+    try:
+        layout, warnings = resolve_layout(cfg, env.world_size)
+        warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
+    except ConfigError as err:
+        if cfg.debug:
+            raise
+        _fail(str(err), run_dir)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    for w in warnings:
+        if rank0:
+            print(f"zoo: warning: {w}", file=sys.stderr, flush=True)
+    cfg_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
+
+    if env.kind != "local":
+        from zoo.worker import main as worker_main
+
+        worker_main(cfg_yaml, run_dir)
+        return
+    os.makedirs(run_dir, exist_ok=True)
+    if layout.world_size == 1:
+        from zoo.worker import main as worker_main
+
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), ZOO_LOCAL_WORKER="1")
+        worker_main(cfg_yaml, run_dir)
+        return
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s)
+    except ChildFailedError as err:
+        first = err.get_first_failure()[1]
+        print(f"zoo: rank {first.global_rank} failed (exit code {first.exitcode}):\n{first.message}",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def _hydra_main(dcfg: DictConfig) -> None:
+    global _task_started
+    _task_started = True
+    from hydra.core.hydra_config import HydraConfig
+
+    run(dcfg, HydraConfig.get().runtime.output_dir)
+
+
+def main() -> None:
+    try:
+        _hydra_main()
+    except SystemExit as exc:
+        # Hydra reports composition errors (unknown group option, misspelled key, wrong
+        # type) in one message and exits 1; they are config errors like ours: exit 2.
+        if exc.code == 1 and not _task_started:
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""What every rank runs: join the process group, agree on the run directory, build the rank
+grid, the data, the (parallelized) model and the engine, then hand over to the trainer.
+
+`main` is the entry point of the local launcher's worker processes and of each rank
+started by torchrun, the deepspeed launcher or srun (through `zoo.train`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from zoo.config.schema import Config
+from zoo.parallel.topology import Layout, build_grid, describe_grid
+
+
+def config_from_yaml(text: str) -> Config:
+    schema = OmegaConf.structured(Config)
+    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.create(text)))
+
+
+def _device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(cfg: Config) -> None:
+    import deepspeed
+
+    backend = cfg.parallel.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
+                               timeout=timedelta(seconds=cfg.parallel.timeout_s))
+
+
+def agree_run_dir(proposed: str) -> Path:
+    """Rank 0's run directory, for every rank. Ranks started by an external launcher each
+    composed their own (e.g. a timestamp); the ones that differ are removed if empty."""
+    chosen = [proposed]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0] != proposed and os.path.isdir(proposed) and not os.listdir(proposed):
+        os.rmdir(proposed)
+    return Path(chosen[0])
+
+
+def write_topology(layout: Layout, run_dir: Path, rank: int) -> None:
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    if rank == 0:
+        text = describe_grid(layout, hosts)
+        (run_dir / "topology.txt").write_text(text)
+        print(text, end="", flush=True)
+
+
+def prepare_data(cfg: Config, run_dir: Path, rank: int):
+    """Tokenizer and packed blocks (cached; the first rank to take the cache lock builds)."""
+    from data_pipelines.corpus import pydoc_documents
+    from data_pipelines.lm import load_packed_blocks, prepare_packed_blocks
+    from data_pipelines.tokenizer import train_gpt_tokenizer
+    from zoo.models import model_dims
+
+    docs = pydoc_documents()
+    source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
+    tok_dir = cfg.data.tokenizer or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
+    block = model_dims(cfg.model, None).block_size
+    entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
+                                  source_key=source_key, cache_dir=cfg.data.cache_dir)
+    if rank == 0 and not (run_dir / "tokenizer").exists():
+        if os.path.isdir(tok_dir):
+            shutil.copytree(tok_dir, run_dir / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
+        else:
+            from data_pipelines.tokenizer import load_tokenizer
+
+            load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
+    return tok_dir, load_packed_blocks(entry)
+
+
+def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
+    """Run one rank of a training job."""
+    # DeepSpeed still calls the collectives torch renamed; the notice says nothing to users.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = config_from_yaml(cfg_yaml)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = _device(local_rank)
+    init_distributed(cfg)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from zoo.validate import resolve_layout
+
+    layout, _ = resolve_layout(cfg, world)
+    run_path = agree_run_dir(run_dir)
+    if rank == 0:
+        (run_path / "config.yaml").write_text(cfg_yaml)
+    write_topology(layout, run_path, rank)
+    grid = build_grid(layout)
+
+    from zoo.trainer import Trainer
+
+    tok_dir, blocks = prepare_data(cfg, run_path, rank)
+    dist.barrier()
+    trainer = Trainer(cfg, layout, grid, blocks, tok_dir, run_path, device)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    dist.barrier()
+    dist.destroy_process_group()
