@@ -1,0 +1,71 @@
+"""Cross-entropy over vocab-parallel logits, without ever gathering the full vocabulary.
+
+Rank r holds the logits of ids [r*V/tp, (r+1)*V/tp). The loss log(sum_j exp(z_j)) - z_target
+needs three scalars per token from the whole vocabulary, each one all-reduce over the group:
+the max logit (for stability), the target's logit (held by exactly one rank) and the sum of
+exponentials. The backward is local: softmax - onehot on this rank's shard. Tokens whose
+target is `ignore_index` get loss 0 and zero gradient. The maths runs in float32.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from zoo.parallel.mappings import group_rank, group_size
+
+
+def _all_reduce(x: torch.Tensor, op, group) -> torch.Tensor:
+    if group_size(group) > 1:
+        dist.all_reduce(x, op=op, group=group)
+    return x
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, logits, target, group, ignore_index):
+        ctx.input_dtype = logits.dtype
+        logits = logits.float()  # (..., V/tp)
+        vocab_per_rank = logits.shape[-1]
+        vocab_start = group_rank(group) * vocab_per_rank
+
+        # 1. The max logit over the full vocabulary, subtracted for numerical stability.
+        logits_max = _all_reduce(logits.max(dim=-1).values, dist.ReduceOp.MAX, group)  # (...)
+        logits = logits - logits_max.unsqueeze(-1)
+
+        # 2. The target's logit: the rank owning the target id contributes it, the others 0.
+        foreign = (target < vocab_start) | (target >= vocab_start + vocab_per_rank)
+        local_target = (target - vocab_start).masked_fill(foreign, 0)
+        predicted = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(foreign, 0.0)
+        predicted = _all_reduce(predicted, dist.ReduceOp.SUM, group)
+
+        # 3. The sum of exponentials over the full vocabulary.
+        exp_logits = logits.exp()
+        sum_exp = _all_reduce(exp_logits.sum(dim=-1), dist.ReduceOp.SUM, group)
+
+        ignored = target == ignore_index
+        loss = (sum_exp.log() - predicted).masked_fill(ignored, 0.0)
+        softmax = exp_logits.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_target, foreign, ignored)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, local_target, foreign, ignored = ctx.saved_tensors
+        # d loss / d z = softmax - onehot(target), the onehot only on the rank owning the target.
+        scale = grad_loss.float().masked_fill(ignored, 0.0).unsqueeze(-1)  # (..., 1)
+        grad = softmax * scale
+        grad.scatter_add_(-1, local_target.unsqueeze(-1), -scale.masked_fill(foreign.unsqueeze(-1), 0.0))
+        return grad.to(ctx.input_dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, tp_group,
+                                 ignore_index: int = -100) -> torch.Tensor:
+    """Per-token loss (shape of `target`, float32) of this rank's vocab shard `logits` (..., V/tp).
+
+    With a group of size 1 it equals F.cross_entropy(..., reduction="none").
+    """
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"vocab_parallel_cross_entropy: logits {tuple(logits.shape)} must be "
+                         f"target {tuple(target.shape)} plus a vocab dimension")
+    return _VocabParallelCrossEntropy.apply(logits, target, tp_group, ignore_index)
