@@ -13,6 +13,7 @@ import torch.nn as nn
 from zoo.models.gpt import GPT, GPTShape, gpt_init_std
 from zoo.models.init import init_parameters
 from zoo.parallel.parallelize import parallelize
+from zoo.parallel.plans import sum_sequence_parallel_norm_grads
 
 
 def count_parameters(shape: GPTShape) -> int:
@@ -30,5 +31,7 @@ def build_gpt(shape: GPTShape, *, seed: int, device: torch.device, tp_group=None
     model.to_empty(device=device)
     model.lm_head.weight = model.embed.wte.weight  # materialising may have untied them
     init_parameters(model, seed, lambda name: gpt_init_std(name, shape))
+    if sequence_parallel and tp_group is not None:
+        sum_sequence_parallel_norm_grads(model, tp_group)
     model.activation_checkpointing = activation_checkpointing
     return model

@@ -76,7 +76,10 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
              f"({t.micro_batch_size}) * dp({layout.dp}) = {per_step}; set trainer.global_batch_size to a "
              f"multiple of {per_step}, e.g. {max(1, round(t.global_batch_size / per_step)) * per_step}")
 
-    dims = model_dims(m, vocab_size=m.vocab_size)
+    try:
+        dims = model_dims(m, vocab_size=m.vocab_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         _require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
     _require(dims.n_embd % dims.n_head == 0,

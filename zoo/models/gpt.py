@@ -180,8 +180,9 @@ def gpt_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_he
     if size not in GPT_SIZES:
         raise ValueError(f"model.size={size!r} is not a GPT size; choose one of {sorted(GPT_SIZES)}")
     L, H, C, T = GPT_SIZES[size]
-    return GPTShape(n_layer=n_layer or L, n_head=n_head or H, n_embd=n_embd or C,
-                    block_size=block_size or T, vocab_size=vocab_size, ffn_mult=ffn_mult, dropout=dropout)
+    pick = lambda override, preset: preset if override is None else override  # noqa: E731
+    return GPTShape(n_layer=pick(n_layer, L), n_head=pick(n_head, H), n_embd=pick(n_embd, C),
+                    block_size=pick(block_size, T), vocab_size=vocab_size, ffn_mult=ffn_mult, dropout=dropout)
 
 
 def gpt_init_std(name: str, shape: GPTShape) -> Optional[float]:

@@ -1,0 +1,90 @@
+"""Every config group option composes against the typed schemas; bad input fails at
+composition or validation time with one message naming the key, and exit code 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from zoo.config.schema import Config, register_configs
+from zoo.engine import deepspeed_config
+from zoo.parallel.topology import Layout
+from zoo.validate import ConfigError, resolve_layout, validate
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+register_configs()
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def composed(*overrides: str) -> Config:
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("group", ["model", "parallel", "data", "optim", "precision", "logger", "experiment", "debug"])
+def test_every_group_option_composes(group):
+    assert options(group), f"conf/{group} has no options"
+    for option in options(group):
+        cfg = composed(f"{group}={option}")
+        assert isinstance(cfg, Config)
+
+
+def test_defaults_are_the_main_job():
+    cfg = composed()
+    assert (cfg.model.family, cfg.model.size, cfg.parallel.zero_stage, cfg.precision.dtype) == ("gpt", "tiny", 0, "fp32")
+
+
+def test_misspelled_key_names_the_key():
+    with pytest.raises(Exception, match="max_step"):
+        composed("trainer.max_step=5")
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(Exception, match="micro_batch_size"):
+        composed("trainer.micro_batch_size=lots")
+
+
+def check(cfg: Config, world=None, cuda=False):
+    layout, _ = resolve_layout(cfg, world)
+    return validate(cfg, layout, cuda_available=cuda)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.global_batch_size=30", "trainer.micro_batch_size=4"],
+     r"trainer.global_batch_size=30 is not divisible by trainer.micro_batch_size\(4\) \* dp\(1\) = 4"),
+    (["parallel=zero2", "trainer.global_batch_size=12", "trainer.micro_batch_size=4"], r"\* dp\(2\) = 8"),
+    (["precision=fp16"], r"precision=fp16 needs CUDA.*precision=bf16"),
+    (["trainer.micro_batch_size=0"], r"trainer.micro_batch_size=0 must be positive"),
+    (["model.n_layer=-1"], r"model.n_layer=-1 must be positive"),
+    (["model.size=huge"], r"model.size='huge' is not a GPT size"),
+    (["parallel.tp=3"], r"parallel.tp=3 does not divide model.n_head \(4\)"),
+    (["parallel.pp=9"], r"parallel.pp=9 is more than the 4 layers"),
+    (["parallel.pp=2", "parallel.zero_stage=2"], r"supports ZeRO stage 0 or 1 only; set parallel.zero_stage=1"),
+])
+def test_bad_config_messages(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check(composed(*overrides))
+
+
+def test_external_launcher_world_must_fit_the_model_ranks():
+    with pytest.raises(ConfigError, match=r"world size 6 is not divisible by parallel.tp\(4\) \* parallel.pp\(1\)"):
+        check(composed("parallel.tp=4"), world=6)
+
+
+def test_external_launcher_derives_dp_and_warns_when_set():
+    layout, warnings = resolve_layout(composed("parallel=zero2"), 8)
+    assert layout.dp == 8 and "parallel.dp=2 is ignored" in warnings[0]
+
+
+def test_deepspeed_config_derives_accumulation_and_passes_raw_keys():
+    cfg = composed("parallel=zero2", "trainer.global_batch_size=64", "trainer.micro_batch_size=4",
+                   "+deepspeed.zero_optimization.overlap_comm=true")
+    ds = deepspeed_config(cfg, Layout(tp=1, pp=1, dp=2, zero_stage=2))
+    assert ds["gradient_accumulation_steps"] == 8 and ds["train_batch_size"] == 64
+    assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+    assert ds["optimizer"]["params"]["torch_adam"] is True

@@ -1,0 +1,91 @@
+"""Tensor-parallel plans as data, and the one function that applies them.
+
+A plan is a table of (module-name pattern, style). `column` splits a Linear's outputs,
+`column_qkv` splits a fused [q; k; v] projection so each rank holds whole heads, `row`
+splits a Linear's inputs and all-reduces its output, `vocab` splits an embedding's rows,
+and `head` is the output layer tied to the vocab-parallel embedding (its logits stay
+vocab-sharded and go into the vocab-parallel loss). Attention is split by heads, the MLP
+by columns then rows: two all-reduces per layer in forward and two in backward.
+"""
+from __future__ import annotations
+
+import functools
+from fnmatch import fnmatch
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from zoo.parallel.cross_entropy import vocab_parallel_cross_entropy
+from zoo.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from zoo.parallel.mappings import (gather_from_tp_region, reduce_from_tp_region,
+                                   scatter_to_sequence_parallel_region)
+
+Plan = Sequence[Tuple[str, str]]
+
+GPT_TP_PLAN: Plan = (
+    ("embed.wte", "vocab"),
+    ("h.*.attn.c_attn", "column_qkv"),
+    ("h.*.attn.c_proj", "row"),
+    ("h.*.mlp.c_fc", "column"),
+    ("h.*.mlp.c_proj", "row"),
+    ("lm_head", "head"),
+)
+
+# Modules whose parameters are replicated but, with sequence parallelism, see only this
+# rank's share of the sequence: their gradients are summed over the tp group.
+GPT_SEQUENCE_PARALLEL_NORMS = ("h.*.ln_1", "h.*.ln_2", "ln_f")
+
+
+def _replacement(module: nn.Module, style: str, tp_group, sequence_parallel: bool, device) -> nn.Module:
+    if style == "vocab":
+        return VocabParallelEmbedding(module.num_embeddings, module.embedding_dim, tp_group, device=device)
+    if style in ("column", "column_qkv", "head"):
+        return ColumnParallelLinear(module.in_features, module.out_features, tp_group,
+                                    bias=module.bias is not None, sequence_parallel=sequence_parallel,
+                                    chunks=3 if style == "column_qkv" else 1, device=device)
+    if style == "row":
+        return RowParallelLinear(module.in_features, module.out_features, tp_group,
+                                 bias=module.bias is not None, sequence_parallel=sequence_parallel, device=device)
+    raise ValueError(f"unknown tensor-parallel style {style!r}; use column, column_qkv, row, vocab or head")
+
+
+def _set_submodule(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent_name) if parent_name else root, child, new)
+
+
+def _sum_grad_over(group):
+    return lambda grad: reduce_from_tp_region(grad, group)
+
+
+def apply_tp_plan(model: nn.Module, tp_group, *, plan: Plan = GPT_TP_PLAN,
+                  sequence_parallel: bool = False, device: torch.device = torch.device("cpu"),
+                  prefix: str = "") -> nn.Module:
+    """Swap the plan's submodules of `model` (names relative to the full model via `prefix`)
+    for this rank's tensor-parallel shards, in place."""
+    names = [(n, m) for n, m in model.named_modules() if n]
+    for name, module in names:
+        full = prefix + name
+        style = next((s for pattern, s in plan if fnmatch(full, pattern)), None)
+        if style is not None:
+            _set_submodule(model, name, _replacement(module, style, tp_group, sequence_parallel, device))
+    if hasattr(model, "lm_head") and hasattr(model, "embed"):
+        model.lm_head.weight = model.embed.wte.weight  # the tie survives the swap
+    if hasattr(model, "loss_fn"):
+        model.loss_fn = functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
+        model.gather_logits = functools.partial(gather_from_tp_region, group=tp_group)
+    if sequence_parallel and hasattr(model, "embed"):
+        model.embed.register_forward_hook(lambda _m, _i, out: scatter_to_sequence_parallel_region(out, tp_group))
+    return model
+
+
+def sum_sequence_parallel_norm_grads(model: nn.Module, tp_group, *, prefix: str = "",
+                                     norms: Sequence[str] = GPT_SEQUENCE_PARALLEL_NORMS) -> None:
+    """With sequence parallelism, sum the gradients of the norms' (replicated) parameters over
+    the tp group. Call after the parameters are materialised: hooks live on the tensors."""
+    for name, module in model.named_modules():
+        if any(fnmatch(prefix + name, pattern) for pattern in norms):
+            for p in module.parameters():
+                p.sequence_parallel = True
+                p.register_hook(_sum_grad_over(tp_group))
