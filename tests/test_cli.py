@@ -1,0 +1,54 @@
+"""The entry point as a user runs it: the main job end to end, `--cfg job`, and bad input
+(one message naming the key, exit code 2, no traceback, nothing left in the run dir)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+
+def test_cfg_job_prints_the_composed_config(run_zoo):
+    run = run_zoo(cmd=[sys.executable, "-m", "zoo.train", "--cfg", "job", "model.size=small"])
+    assert "family: gpt" in run.stdout and "size: small" in run.stdout and "zero_stage: 0" in run.stdout
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["model=nope"], "model"),
+    (["trainer.max_step=5"], "max_step"),
+    (["trainer.micro_batch_size=abc"], "micro_batch_size"),
+    (["precision=fp16"], "precision=fp16 needs CUDA"),
+    (["trainer.global_batch_size=30", "trainer.micro_batch_size=4"], "trainer.global_batch_size=30"),
+    (["model.n_head=0"], "model.n_head=0 must be positive"),
+    (["parallel=tp", "model.n_head=3", "model.n_embd=96"], "parallel.tp=2 does not divide model.n_head (3)"),
+])
+def test_bad_input_is_one_message_and_exit_2(run_zoo, overrides, needle):
+    run = run_zoo(*overrides, check=False)
+    assert run.returncode == 2, run.stderr
+    assert needle in run.stderr and "Traceback" not in run.stderr + run.stdout
+    assert not run.run_dir.exists() or not any(run.run_dir.iterdir())
+
+
+def test_main_job_trains_and_generates(run_zoo):
+    """`python -m zoo.train` with no overrides: the tiny GPT on the embedded corpus."""
+    run = run_zoo()
+    s = run.summary
+    assert s["eval_perplexity"] * 2 <= s["unigram_perplexity"], s
+    assert "sample: " in run.stdout and len(s["sample"]) > len("The for statement")
+    for key in ("final_loss", "eval_loss", "tokens_per_s", "world_size", "tp", "pp", "dp", "zero_stage",
+                "params", "wall_time_s"):
+        assert key in s
+    assert (s["world_size"], s["tp"], s["pp"], s["dp"], s["zero_stage"]) == (1, 1, 1, 1, 0)
+    metrics = run.metrics
+    assert [m["step"] for m in metrics] == list(range(10, 201, 10))
+    for m in metrics:
+        assert {"step", "loss", "lr", "tokens_per_s", "step_time_s", "peak_mem_bytes"} <= m.keys()
+        assert math.isfinite(m["loss"]) and m["tokens_per_s"] > 0
+    assert metrics[-1]["loss"] < metrics[0]["loss"] - 2
+    assert "family: gpt" in (run.run_dir / "config.yaml").read_text()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(run.run_dir / "tokenizer"))
+    assert tok.decode(tok("def f(x): return x")["input_ids"]) == "def f(x): return x"
+    assert "TP group: [0]" in (run.run_dir / "topology.txt").read_text()
