@@ -40,3 +40,26 @@ def full_parameters(module: nn.Module, tp_group=None, prefix: str = "") -> Dict[
                 t = unshard_tensors(parts, spec.dim, spec.chunks)
             out[name] = t.float().cpu().clone()
     return out
+
+
+def consolidated_state_dict(module: nn.Module, grid) -> Dict[str, torch.Tensor]:
+    """The plain model's full state dict on global rank 0 (other ranks get their own part).
+
+    Collective over all ranks. Pipeline stages send their pieces (renamed to the plain
+    model's names) to rank 0; the tied embedding held by the first and last stage is the
+    same tensor on both."""
+    from zoo.parallel.pipeline import plain_name
+    from zoo.parallel.topology import tp_group
+
+    local = {plain_name(n): t for n, t in full_parameters(module, tp_group(grid)).items()}
+    if grid.get_pipe_parallel_world_size() == 1:
+        return local
+    owner = grid.get_data_parallel_rank() == 0 and grid.get_slice_parallel_rank() == 0
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local if owner else {}, parts, dst=0)
+    if dist.get_rank() != 0:
+        return local
+    merged: Dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part)
+    return merged

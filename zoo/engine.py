@@ -15,10 +15,18 @@ from zoo.config.schema import Config
 from zoo.parallel.topology import Layout
 
 
-def grad_accum_steps(cfg: Config, layout: Layout) -> int:
-    """Micro-batches per rank per step: global batch / (micro batch * dp). Changing the
-    layout changes the accumulation, never the maths."""
-    return cfg.trainer.global_batch_size // (cfg.trainer.micro_batch_size * layout.dp)
+def micro_batching(cfg: Config, layout: Layout) -> tuple[int, int]:
+    """(micro-batch size, micro-batches per rank per step). The global batch is what the
+    user fixes; changing the layout changes the accumulation, never the maths.
+
+    Without pipeline parallelism the micro-batch is `trainer.micro_batch_size`. With pp > 1
+    the pipeline needs several micro-batches in flight: `parallel.num_microbatches`, by
+    default 3 x pp, and the micro-batch is global / (dp x that)."""
+    t, p = cfg.trainer, cfg.parallel
+    count = p.num_microbatches or (3 * layout.pp if layout.pp > 1 else None)
+    if count is None:
+        return t.micro_batch_size, t.global_batch_size // (t.micro_batch_size * layout.dp)
+    return t.global_batch_size // (count * layout.dp), count
 
 
 def _deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
@@ -30,10 +38,11 @@ def _deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
 
 def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
     o, t, prec = cfg.optim, cfg.trainer, cfg.precision
+    micro, accum = micro_batching(cfg, layout)
     ds: Dict[str, Any] = {
         "train_batch_size": t.global_batch_size,
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": grad_accum_steps(cfg, layout),
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
         "gradient_clipping": o.grad_clip,
         "optimizer": {"type": "AdamW", "params": {"lr": o.lr, "betas": list(o.betas), "eps": o.eps,
                                                    "weight_decay": o.weight_decay, "torch_adam": True}},
@@ -65,10 +74,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
 
 
 def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
-    """Wrap `model` in a DeepSpeed engine over the grid's data-parallel groups."""
+    """Wrap `model` in a DeepSpeed engine over the grid's data-parallel groups (a
+    PipelineModule brings its own grid and gets DeepSpeed's pipeline engine)."""
     import deepspeed
+    from deepspeed.pipe import PipelineModule
 
     engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, layout),
                                            model_parameters=param_groups(model, cfg.optim.weight_decay),
-                                           mpu=grid)
+                                           mpu=None if isinstance(model, PipelineModule) else grid)
     return engine

@@ -15,8 +15,8 @@ from data_pipelines.lm import PackedBlocks, unigram_perplexity
 from data_pipelines.schedule import SampleStream, micro_batch_start
 from zoo.build import build_gpt, count_parameters
 from zoo.config.schema import Config
-from zoo.consolidate import full_parameters
-from zoo.engine import grad_accum_steps, initialize_engine
+from zoo.consolidate import consolidated_state_dict
+from zoo.engine import initialize_engine, micro_batching
 from zoo.metrics import RunLog, peak_memory_bytes
 from zoo.models import model_dims, padded_vocab
 from zoo.parallel.topology import Layout, tp_group
@@ -32,11 +32,9 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.shape = model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
         torch.manual_seed(cfg.trainer.seed)
-        model = build_gpt(self.shape, seed=cfg.trainer.seed, device=device, tp_group=tp_group(grid),
-                          sequence_parallel=cfg.parallel.sequence_parallel,
-                          activation_checkpointing=cfg.model.activation_checkpointing)
-        self.engine = initialize_engine(model, cfg, layout, grid)
-        self.grad_accum = grad_accum_steps(cfg, layout)
+        self.engine = initialize_engine(self._build_model(), cfg, layout, grid)
+        self.pipelined = layout.pp > 1
+        self.micro_batch_size, self.grad_accum = micro_batching(cfg, layout)
         self.dp_rank = grid.get_data_parallel_rank()
         self.dp_group = grid.get_data_parallel_group()
         self.stream = SampleStream(len(blocks.train), cfg.trainer.seed)
@@ -45,6 +43,16 @@ class Trainer:
         self.log = RunLog(run_dir, active=self.rank == 0, total_steps=cfg.trainer.max_steps,
                           progress=cfg.trainer.progress)
 
+    def _build_model(self):
+        cfg, build = self.cfg, dict(seed=self.cfg.trainer.seed, device=self.device, tp_group=tp_group(self.grid),
+                                    sequence_parallel=self.cfg.parallel.sequence_parallel)
+        if self.layout.pp > 1:
+            from zoo.parallel.pipeline import gpt_pipeline
+
+            return gpt_pipeline(self.shape, self.layout, partition_method=cfg.parallel.partition_method,
+                                activation_checkpointing=cfg.model.activation_checkpointing, **build)
+        return build_gpt(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
+
     # -- data -------------------------------------------------------------------------------
     def _batch(self, rows: np.ndarray, indices: np.ndarray):
         block = torch.from_numpy(np.asarray(rows[indices], dtype=np.int64))
@@ -52,10 +60,9 @@ class Trainer:
         return block[:, :-1], block[:, 1:]
 
     def micro_batch(self, micro: int):
-        t = self.cfg.trainer
-        start = micro_batch_start(self.consumed, micro, global_batch=t.global_batch_size,
-                                  micro_batch=t.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.layout.dp)
-        return self._batch(self.blocks.train, self.stream.indices(start, t.micro_batch_size))
+        start = micro_batch_start(self.consumed, micro, global_batch=self.cfg.trainer.global_batch_size,
+                                  micro_batch=self.micro_batch_size, dp_rank=self.dp_rank, dp_size=self.layout.dp)
+        return self._batch(self.blocks.train, self.stream.indices(start, self.micro_batch_size))
 
     # -- steps ------------------------------------------------------------------------------
     def _dp_mean(self, value: torch.Tensor) -> float:
@@ -68,6 +75,11 @@ class Trainer:
     def train_step(self) -> torch.Tensor:
         """One optimizer step (grad_accum micro-batches); returns this rank's mean loss."""
         self.engine.train()
+        if self.pipelined:  # the pipeline engine runs its schedule over all micro-batches
+            loss = self.engine.train_batch(iter([self.micro_batch(m) for m in range(self.grad_accum)]))
+            self.consumed += self.cfg.trainer.global_batch_size
+            self.step += 1
+            return loss.detach().float()
         total = torch.zeros((), device=self.device)
         for micro in range(self.grad_accum):
             x, y = self.micro_batch(micro)
@@ -82,29 +94,35 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean held-out loss per token; each dp rank takes a disjoint share of the batches."""
-        t = self.cfg.trainer
+        mb = self.micro_batch_size
         self.engine.eval()
-        per_round = t.micro_batch_size * self.layout.dp
-        rounds = min(t.eval_batches, len(self.blocks.eval) // per_round)
-        total = torch.zeros((), device=self.device)
-        for r in range(rounds):
-            first = r * per_round + self.dp_rank * t.micro_batch_size
-            x, y = self._batch(self.blocks.eval, np.arange(first, first + t.micro_batch_size))
-            total += self.engine(x, y).float()
-        return self._dp_mean(total / max(rounds, 1)) if rounds else float("nan")
+        per_round = mb * self.layout.dp
+        rounds = min(self.cfg.trainer.eval_batches, len(self.blocks.eval) // per_round)
+        if not rounds:
+            return float("nan")
+        batches = [self._batch(self.blocks.eval, np.arange(r * per_round + self.dp_rank * mb,
+                                                          r * per_round + (self.dp_rank + 1) * mb))
+                   for r in range(rounds)]
+        if self.pipelined:  # already averaged over the data-parallel group
+            return self.engine.eval_batch(iter(batches), num_micro_batches=rounds).float().item()
+        total = sum(self.engine(x, y).float() for x, y in batches)
+        return self._dp_mean(total / rounds)
 
     @torch.no_grad()
-    def sample(self) -> str:
-        """A short continuation of a fixed prompt; all ranks run it (sharded forwards need
-        every rank), with the same generator, so they agree."""
+    def sample(self, state: dict) -> str:
+        """A short continuation of a fixed prompt by the plain model loaded with the
+        consolidated weights (rank 0 only)."""
         n = self.cfg.trainer.sample_tokens
-        if n <= 0:
+        if n <= 0 or self.rank != 0:
             return ""
-        self.engine.eval()
-        prompt = "The for statement"
-        ids = torch.tensor([self.tokenizer(prompt)["input_ids"]], device=self.device)
-        g = torch.Generator(device=self.device).manual_seed(self.cfg.trainer.seed)
-        out = self.engine.module.generate(ids, n, generator=g)
+        from zoo.models.gpt import GPT
+
+        model = GPT(self.shape)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert set(missing) <= {"lm_head.weight"} and not unexpected, (missing, unexpected)
+        model.eval()
+        ids = torch.tensor([self.tokenizer("The for statement")["input_ids"]])
+        out = model.generate(ids, n, generator=torch.Generator().manual_seed(self.cfg.trainer.seed))
         return self.tokenizer.decode(out[0].tolist())
 
     # -- the run ----------------------------------------------------------------------------
@@ -112,7 +130,7 @@ class Trainer:
         t, tokens_per_step = self.cfg.trainer, self.cfg.trainer.global_batch_size * self.shape.block_size
         self.log.write(f"zoo: {self.cfg.model.family}-{self.cfg.model.size} "
                        f"({count_parameters(self.shape):,} parameters) on {self.layout.name}, "
-                       f"global batch {t.global_batch_size} = micro {t.micro_batch_size} x accum "
+                       f"global batch {t.global_batch_size} = micro {self.micro_batch_size} x accum "
                        f"{self.grad_accum} x dp {self.layout.dp}, {self.cfg.precision.dtype}")
         started = time.perf_counter()
         window_start, window_steps, train_time, loss = time.perf_counter(), 0, 0.0, float("nan")
@@ -134,11 +152,17 @@ class Trainer:
             self.log.advance(1, None if math.isnan(loss) else loss)
         self.log.close()
         eval_loss = self.evaluate()
-        text = self.sample()
-        if text:
-            self.log.write(f"sample: {text!r}")
-        if self.cfg.checkpoint.save_final:
-            self.save_weights(self.log.run_dir / "model.safetensors")
+        text = ""
+        if self.cfg.checkpoint.save_final or t.sample_tokens > 0:
+            state = consolidated_state_dict(self.engine.module, self.grid)
+            text = self.sample(state)
+            if text:
+                self.log.write(f"sample: {text!r}")
+            if self.cfg.checkpoint.save_final and self.rank == 0:
+                save_weights(state, self.log.run_dir / "model.safetensors", self.cfg.model.family)
+        local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, local)
         steps = max(self.step, 1)
         self.log.summary({
             "final_loss": loss, "eval_loss": eval_loss,
@@ -147,20 +171,19 @@ class Trainer:
             "tokens_per_s": tokens_per_step * steps / train_time if train_time else 0.0,
             "steps": self.step, "world_size": self.layout.world_size, "tp": self.layout.tp,
             "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
-            "params": count_parameters(self.shape), "global_batch_size": t.global_batch_size,
-            "micro_batch_size": t.micro_batch_size, "grad_accum": self.grad_accum,
+            "params": count_parameters(self.shape), "params_per_rank": per_rank, "global_batch_size": t.global_batch_size,
+            "micro_batch_size": self.micro_batch_size, "grad_accum": self.grad_accum,
             "dtype": self.cfg.precision.dtype, "peak_mem_bytes": peak_memory_bytes(self.device),
             "wall_time_s": time.perf_counter() - started, "sample": text})
 
-    def save_weights(self, path: Path) -> None:
-        """The consolidated full weights (collective; rank 0 writes)."""
-        from safetensors.torch import save_file
-
-        state = full_parameters(self.engine.module, tp_group(self.grid))
-        if self.rank == 0:
-            tmp = path.with_suffix(".tmp")
-            save_file(state, str(tmp), metadata={"family": self.cfg.model.family})
-            tmp.replace(path)
-
     def close(self) -> None:
         self.log.close()
+
+
+def save_weights(state: dict, path: Path, family: str) -> None:
+    """Write consolidated weights atomically as safetensors."""
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file(state, str(tmp), metadata={"family": family})
+    tmp.replace(path)

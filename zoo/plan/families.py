@@ -1,0 +1,176 @@
+"""What the planner needs to know about a model, and one function per family that says it.
+
+A family plugs in with one function `describe_<family>(model_cfg, vocab_size) -> ModelDesc`
+registered in `FAMILIES`. The description is plain numbers: for the input end, each layer
+in order and the output end, its parameters (split into what tensor parallelism shards and
+what it replicates), the activations backward needs per token (split by how tp and sequence
+parallelism divide them), its forward FLOPs per token and its tensor-parallel all-reduces;
+plus the sizes tp must divide. Memory and time (`zoo.plan.memory`, `zoo.plan.step_time`)
+are computed from these alone, so nothing else changes when a family is added.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Tuple
+
+from zoo.config.schema import ModelConfig
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters of one piece of the model, unsharded."""
+
+    sharded: int = 0
+    """Split over the tp group (column/row-parallel weights, vocab-parallel embeddings)."""
+    replicated: int = 0
+    """Held whole by every tp rank (LayerNorms, the biases of row-parallel layers, position tables)."""
+
+    @property
+    def total(self) -> int:
+        return self.sharded + self.replicated
+
+    def per_rank(self, tp: int) -> float:
+        return self.sharded / tp + self.replicated
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What backward needs per token of one piece, split by how tensor parallelism divides it."""
+
+    tp_elems: float = 0
+    """Elements in the training dtype split over tp (whole heads, FFN columns, vocab shards)."""
+    sp_elems: float = 0
+    """Elements in the training dtype that tp replicates unless sequence parallelism splits
+    them (LayerNorm inputs, the inputs of column-parallel layers)."""
+    tp_bytes: float = 0
+    """Fixed-size bytes split over tp (1-byte attention-dropout masks, the loss's fp32 softmax)."""
+    sp_bytes: float = 0
+    """Fixed-size bytes split over tp only with sequence parallelism (1-byte residual-dropout masks)."""
+
+    def bytes_per_token(self, dtype_bytes: int, tp: int, sequence_parallel: bool) -> float:
+        sp_div = tp if sequence_parallel else 1
+        return (self.tp_elems * dtype_bytes + self.tp_bytes) / tp + (self.sp_elems * dtype_bytes + self.sp_bytes) / sp_div
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One pipeline-placeable piece: the input end, a layer, or the output end."""
+
+    params: ParamCount
+    """Its parameters."""
+    activations: Activations
+    """Activations kept for backward per token, without recomputation."""
+    checkpoint: Activations
+    """Activations kept per token with activation checkpointing on: a layer keeps its input
+    and recomputes the rest in backward; the two ends are not recomputed and keep everything."""
+    fwd_flops_per_token: float
+    """Forward FLOPs per token (backward is twice this; recomputation adds one forward)."""
+    tp_allreduce_elems_per_token: float
+    """Elements per token all-reduced over the tp group in its forward and backward together
+    (recomputing a layer's forward repeats the forward's half)."""
+
+
+@dataclass(frozen=True)
+class ModelDesc:
+    """A model as the planner sees it."""
+
+    name: str
+    """For printing, e.g. `gpt gpt3-175b`."""
+    embedding: Piece
+    """The input end (first pipeline stage)."""
+    layers: Tuple[Piece, ...]
+    """The repeated layers, in order; pipeline stages take contiguous runs of them."""
+    head: Piece
+    """The output end (last pipeline stage): final norm, output projection, loss."""
+    tied_head_params: int
+    """Parameters the head shares with the embedding (tied weights): counted once when both
+    ends sit on one stage, on each end's stage otherwise (DeepSpeed keeps a tied copy per stage)."""
+    tokens_per_sample: int
+    """Tokens per sample (the context length)."""
+    hidden_size: int
+    """Elements per token passed between layers (pipeline p2p, checkpoints)."""
+    gemm_shape: Tuple[int, int]
+    """(K, N) of the narrowest matrix multiply of a layer at tp=1; tp divides N. With the
+    tokens of a micro-batch as M it gives the arithmetic intensity that bounds efficiency."""
+    tp_divides: Dict[str, int]
+    """Sizes tp must divide, by the name the error message uses."""
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_params(self) -> int:
+        pieces = (self.embedding, *self.layers, self.head)
+        return sum(p.params.total for p in pieces) - self.tied_head_params
+
+
+def gpt_layer_activations(h: int, n_head: int, seq: int, ffn: int, *, dropout: bool,
+                          stores_attention_scores: bool) -> Activations:
+    """Korthikanti et al. 2022, section 4.1, per token of one transformer layer.
+
+    Attention: QKV input (h), Q and K (2h), V (h), output-projection input (h); with
+    materialised scores the softmax (a*s), its dropout output (a*s) and 1-byte mask (a*s).
+    MLP: fc input (h), GeLU input (ffn), fc2 input (ffn). Two LayerNorm inputs (2h). Two
+    1-byte residual-dropout masks (2h). With 2-byte elements, dropout, scores and ffn = 4h
+    that is 34h + 5as bytes: sbh(34 + 5as/h) for s*b tokens.
+    """
+    scores = n_head * seq if stores_attention_scores else 0
+    return Activations(tp_elems=4 * h + 2 * ffn + scores * (2 if dropout else 1),
+                       sp_elems=4 * h,
+                       tp_bytes=scores if dropout else 0,
+                       sp_bytes=2 * h if dropout else 0)
+
+
+def describe_gpt(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
+    """zoo's GPT (`zoo.models.gpt`): pre-LN blocks, tied embeddings, learned positions.
+
+    Its attention is `F.scaled_dot_product_attention`, whose fused kernels keep only the
+    output and a log-sum-exp, never the a*s scores per token, so `stores_attention_scores`
+    is False here (Korthikanti's 5as/h term is Megatron's unfused softmax).
+    """
+    from zoo.models import model_dims, padded_vocab
+
+    vocab = padded_vocab(vocab_size, cfg)
+    d = model_dims(cfg, vocab)
+    h, f, s, a, v = d.n_embd, d.ffn_dim, d.block_size, d.n_head, d.vocab_size
+    dropout = d.dropout > 0
+    # c_attn (h -> 3h) and c_fc (h -> f) are column-parallel with their biases; c_proj of
+    # attention and MLP are row-parallel, their biases and both LayerNorms replicated.
+    layer_params = ParamCount(sharded=3 * h * h + 3 * h + h * h + h * f + f + f * h,
+                              replicated=h + h + 4 * h)
+    matmul_params = 3 * h * h + h * h + 2 * h * f
+    layer = Piece(params=layer_params,
+                  activations=gpt_layer_activations(h, a, s, f, dropout=dropout, stores_attention_scores=False),
+                  checkpoint=Activations(sp_elems=h),
+                  fwd_flops_per_token=2 * matmul_params + 4 * h * s,  # + QK^T and AV: 2*s*h each
+                  # after attention's and the MLP's row-parallel c_proj in forward, before their
+                  # column-parallel inputs in backward
+                  tp_allreduce_elems_per_token=4 * h)
+    embedding = Piece(params=ParamCount(sharded=v * h, replicated=s * h),
+                      activations=Activations(sp_bytes=h if dropout else 0),
+                      checkpoint=Activations(sp_bytes=h if dropout else 0), fwd_flops_per_token=0,
+                      tp_allreduce_elems_per_token=h)  # the vocab-parallel lookup's sum (forward)
+    # ln_f input and lm_head input (h each), the logits (V/tp in the dtype) and the loss's
+    # float32 softmax over them (V/tp * 4 bytes, Korthikanti's 4sbv/t).
+    head = Piece(params=ParamCount(sharded=v * h, replicated=2 * h),
+                 activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
+                 checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
+                 fwd_flops_per_token=2 * v * h,
+                 tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward); the loss's are scalars
+    vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
+    return ModelDesc(name=f"gpt {cfg.size}", embedding=embedding, layers=(layer,) * d.n_layer, head=head,
+                     tied_head_params=v * h, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h),
+                     tp_divides={"model.n_head": a, "the FFN width": f,
+                                 vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})
+
+
+FAMILIES: Dict[str, Callable[[ModelConfig, int], ModelDesc]] = {"gpt": describe_gpt}
+
+
+def describe_model(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
+    """The planner's description of `cfg`; `vocab_size` is the tokenizer's, for families that have one."""
+    if cfg.family not in FAMILIES:
+        raise ValueError(f"model.family={cfg.family!r} has no planner description; the planner knows "
+                         f"{sorted(FAMILIES)} (add a describe_<family> function to zoo.plan.families.FAMILIES)")
+    return FAMILIES[cfg.family](cfg, vocab_size)

@@ -1,0 +1,68 @@
+"""Will a chosen layout fit? The planner's memory estimate, for training to call at start.
+
+    fits, mem = predict_fit(cfg.model, layout, micro_batch=8, dtype="bf16", device_mem_bytes=80e9)
+    message = fit_warning(cfg, layout, device_memory_bytes(ranks_on_this_host))  # None when it fits
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
+
+from zoo.config.schema import Config, ModelConfig
+from zoo.plan.families import describe_model
+from zoo.plan.layout import PlanLayout
+from zoo.plan.memory import layout_memory
+
+if TYPE_CHECKING:
+    from zoo.parallel.topology import Layout
+
+GPT2_VOCAB = 50257
+
+
+def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype: str, device_mem_bytes: float, *,
+                grad_accum: int = 1, sequence_parallel: bool = False, vocab_size: int = GPT2_VOCAB,
+                mem_fraction: float = 0.8, bucket_elems: int = 500_000_000) -> Tuple[bool, Dict[str, int]]:
+    """(fits, bytes per device) of training `model_cfg` with `layout` and this micro-batch.
+
+    `fits` is total <= mem_fraction * device_mem_bytes. The dict has params, grads, optimizer,
+    activations, buffers, total and limit (the usable bytes). `grad_accum` is the pipeline's
+    micro-batches (how many are in flight); `vocab_size` the tokenizer's, padded as training pads it.
+    """
+    if device_mem_bytes <= 0:
+        raise ValueError(f"device_mem_bytes={device_mem_bytes} must be positive: the memory of one device")
+    if micro_batch < 1 or grad_accum < 1:
+        raise ValueError(f"micro_batch={micro_batch} and grad_accum={grad_accum} must be >= 1")
+    desc = describe_model(model_cfg, vocab_size)
+    lay = PlanLayout(tp=layout.tp, pp=layout.pp, dp=layout.dp, zero_stage=layout.zero_stage,
+                     micro_batch_size=micro_batch, grad_accum=grad_accum,
+                     activation_checkpointing=model_cfg.activation_checkpointing)
+    mem = layout_memory(desc, lay, dtype=dtype, sequence_parallel=sequence_parallel, bucket_elems=bucket_elems)
+    limit = mem_fraction * device_mem_bytes
+    return mem.total <= limit, {**mem.as_dict(), "limit": int(limit)}
+
+
+def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_size: int = GPT2_VOCAB,
+                mem_fraction: float = 0.8) -> Optional[str]:
+    """A warning when training `cfg` with `layout` is predicted not to fit a device; None when it fits."""
+    t = cfg.trainer
+    accum = max(1, t.global_batch_size // (t.micro_batch_size * layout.dp))
+    fits, mem = predict_fit(cfg.model, layout, t.micro_batch_size, cfg.precision.dtype, device_mem_bytes,
+                            grad_accum=accum, sequence_parallel=cfg.parallel.sequence_parallel,
+                            vocab_size=vocab_size, mem_fraction=mem_fraction)
+    if fits:
+        return None
+    parts = ", ".join(f"{k} {mem[k] / 1e9:.1f}" for k in ("params", "grads", "optimizer", "activations", "buffers"))
+    return (f"predicted {mem['total'] / 1e9:.1f} GB per device ({parts}) is more than {mem_fraction:.0%} of the "
+            f"{device_mem_bytes / 1e9:.1f} GB device ({mem['limit'] / 1e9:.1f} GB) for layout {layout.name} with "
+            f"trainer.micro_batch_size={t.micro_batch_size}, precision={cfg.precision.dtype}, "
+            f"model.activation_checkpointing={cfg.model.activation_checkpointing}; lower the micro-batch, turn on "
+            f"activation checkpointing, raise parallel.zero_stage, or run `python -m zoo.plan` for a layout that fits")
+
+
+def device_memory_bytes(ranks_on_host: int = 1) -> float:
+    """Memory of one device: CUDA device 0's, or this host's RAM shared by its ranks on CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(1, ranks_on_host)

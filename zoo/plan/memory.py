@@ -1,0 +1,124 @@
+"""Per-accelerator memory of a layout: model states by ZeRO stage, activations, buffers.
+
+Model states follow Rajbhandari et al. 2020 (ZeRO, section 5) for Adam: with mixed
+precision 2 bytes of parameters, 2 of gradients and K = 12 of optimizer states (fp32
+master weights, momentum, variance) per parameter; stage 1 partitions the optimizer
+states over dp, stage 2 also the gradients, stage 3 also the parameters. With fp32
+training the bytes are 4 + 4 + 8, and with ZeRO >= 1 DeepSpeed's ZeRO optimizers clone an
+fp32 master partition even of fp32 parameters, so K = 12 again (measured in tests/plan).
+
+Activations follow Korthikanti et al. 2022 per token of each piece (`zoo.plan.families`),
+times the tokens of a micro-batch and the micro-batches in flight: with 1F1B, stage i of p
+holds min(p - i, m) of them, so the first stage holds up to p. With activation
+checkpointing a layer keeps only its input, and backward recomputes one layer at a time.
+
+Buffers are DeepSpeed's: the gradient reduce bucket of ZeRO 1-3 (allocated at its full
+size), the flattened all-reduce chunks of stage 0, the gathered parameters of two layers
+under ZeRO-3 (one computing, one prefetched) and the pipeline's receive buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, List
+
+from zoo.plan.families import ModelDesc, Piece
+from zoo.plan.layout import PlanLayout, stage_layer_counts
+from zoo.plan.schema import DTYPE_BYTES
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes on one accelerator."""
+
+    params: float = 0
+    """Parameters (this rank's tp shard of its stage, divided by dp under ZeRO-3)."""
+    grads: float = 0
+    """Gradients (divided by dp from ZeRO-2)."""
+    optimizer: float = 0
+    """fp32 master weights and Adam's two moments (divided by dp from ZeRO-1)."""
+    activations: float = 0
+    """Activations kept for backward, plus recomputation's working set."""
+    buffers: float = 0
+    """Communication buffers (reduce bucket, gathered ZeRO-3 parameters, pipeline receives)."""
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    def as_dict(self) -> Dict[str, int]:
+        out = {k: int(round(v)) for k, v in asdict(self).items()}
+        out["total"] = int(round(self.total))
+        return out
+
+
+def model_state_bytes(n_params: float, dp: int, zero_stage: int, dtype: str) -> MemoryEstimate:
+    """Parameters, gradients and Adam states of `n_params` parameters on one of `dp` ranks."""
+    mixed = dtype != "fp32"
+    weight_bytes = DTYPE_BYTES[dtype]
+    optimizer_bytes = 12 if (mixed or zero_stage >= 1) else 8
+    return MemoryEstimate(params=n_params * weight_bytes / (dp if zero_stage >= 3 else 1),
+                          grads=n_params * weight_bytes / (dp if zero_stage >= 2 else 1),
+                          optimizer=n_params * optimizer_bytes / (dp if zero_stage >= 1 else 1))
+
+
+def stage_layers(desc: ModelDesc, pp: int, stage: int) -> List[Piece]:
+    """The run of layers pipeline stage `stage` holds."""
+    counts = stage_layer_counts(desc.n_layer, pp)
+    start = sum(counts[:stage])
+    return list(desc.layers[start:start + counts[stage]])
+
+
+def stage_pieces(desc: ModelDesc, pp: int, stage: int) -> List[Piece]:
+    """The pieces pipeline stage `stage` holds: its layers, and the ends at the ends."""
+    pieces = stage_layers(desc, pp, stage)
+    if stage == 0:
+        pieces.insert(0, desc.embedding)
+    if stage == pp - 1:
+        pieces.append(desc.head)
+    return pieces
+
+
+def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
+    """Parameters one tp rank of `stage` holds (a tied weight counts once when both ends are on it)."""
+    shared = desc.tied_head_params / tp if pp == 1 else 0
+    return sum(p.params.per_rank(tp) for p in stage_pieces(desc, pp, stage)) - shared
+
+
+def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, sequence_parallel: bool,
+                 bucket_elems: int) -> MemoryEstimate:
+    """Bytes on one accelerator of pipeline stage `stage`."""
+    elt, tp = DTYPE_BYTES[dtype], lay.tp
+    sp = sequence_parallel and tp > 1
+    pieces = stage_pieces(desc, lay.pp, stage)
+    n = stage_params(desc, lay.pp, stage, tp)
+    states = model_state_bytes(n, lay.dp, lay.zero_stage, dtype)
+
+    tokens = lay.micro_batch_size * desc.tokens_per_sample
+    kept = sum((p.checkpoint if lay.activation_checkpointing else p.activations).bytes_per_token(elt, tp, sp)
+               for p in pieces)
+    in_flight = min(lay.pp - stage, lay.grad_accum)
+    activations = in_flight * tokens * kept
+    layers = stage_layers(desc, lay.pp, stage)
+    if lay.activation_checkpointing and layers:  # backward recomputes one layer's full set at a time
+        activations += tokens * max(p.activations.bytes_per_token(elt, tp, sp) for p in layers)
+
+    buffers = 0.0
+    if lay.zero_stage == 0 and lay.dp > 1:  # gradients flattened into <= bucket-sized chunks to all-reduce
+        buffers += min(n, bucket_elems) * elt
+    if lay.zero_stage >= 1:
+        buffers += bucket_elems * elt
+    if lay.zero_stage == 3 and layers:
+        buffers += 2 * max(p.params.per_rank(tp) for p in layers) * elt
+    if lay.pp > 1:  # receive buffers for the activation (forward) and its gradient (backward)
+        buffers += 2 * tokens * desc.hidden_size * elt / (tp if sp else 1)
+    return MemoryEstimate(params=states.params, grads=states.grads, optimizer=states.optimizer,
+                          activations=activations, buffers=buffers)
+
+
+def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_parallel: bool = True,
+                  bucket_elems: int = 500_000_000) -> MemoryEstimate:
+    """The heaviest accelerator of the layout: the first pipeline stage (most micro-batches in
+    flight, the embedding) or the last (the output layer and its logits)."""
+    stages = {0, lay.pp - 1}
+    return max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
+                             bucket_elems=bucket_elems) for s in stages), key=lambda m: m.total)

@@ -1,0 +1,168 @@
+"""The planner's output: the recommendation with its reasons, the best candidates, the
+topology diagram (text), or one JSON object with every candidate (json)."""
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+from zoo.plan.families import ModelDesc
+from zoo.plan.layout import stage_layer_counts
+from zoo.plan.memory import model_state_bytes
+from zoo.plan.search import GB, Candidate, Plan
+from zoo.plan.step_time import spans_nodes
+
+
+def _best(cands: List[Candidate], pred) -> Optional[Candidate]:
+    return next((c for c in cands if pred(c)), None)
+
+
+def _model_split_reason(p: Plan, best: Candidate) -> str:
+    lay, usable = best.layout, p.usable_bytes
+    replica = model_state_bytes(p.desc.num_params, 1, 0, p.dtype).total
+    if lay.tp == lay.pp == 1:
+        return (f"Data parallelism while the model fits: a whole replica ({replica / GB:.1f} GB of parameters, "
+                f"gradients and Adam states) fits one GPU's {usable / GB:.1f} GB usable, so tp=1, pp=1 and every "
+                f"GPU is a replica: no model-parallel communication at all.")
+    replicas = [x for x in p.candidates if x.layout.tp == x.layout.pp == 1]
+    pure_dp = _best(replicas, lambda x: x.fits)
+    if not replicas:
+        world = p.cluster.nodes * p.cluster.gpus_per_node
+        return (f"Pure data parallelism is impossible: dp={world} with the smallest micro-batch does not divide the "
+                f"global batch {p.global_batch_size}; the model is split tp x pp = {lay.tp * lay.pp} ways instead.")
+    if pure_dp is None:
+        smallest = min(replicas, key=lambda x: x.mem.total)
+        return (f"The model does not fit as a data-parallel replica: {replica / GB:.1f} GB of model states without "
+                f"ZeRO, and the smallest pure data-parallel estimate is {smallest.mem.total / GB:.1f} GB "
+                f"(ZeRO-{smallest.layout.zero_stage}, micro-batch {smallest.layout.micro_batch_size}) > "
+                f"{usable / GB:.1f} GB usable; so it is split tp x pp = {lay.tp * lay.pp} ways.")
+    return (f"A pure data-parallel layout fits too (ZeRO-{pure_dp.layout.zero_stage}, {pure_dp.time.total:.3g} s/step) "
+            f"but is {pure_dp.time.total / best.time.total - 1:.0%} slower: its data-parallel traffic "
+            f"({pure_dp.time.dp_comm:.3g} s/step) costs more than splitting the model tp x pp = {lay.tp * lay.pp} ways.")
+
+
+def reasons(p: Plan) -> List[str]:
+    """Why the recommended layout, rule by rule, with the numbers."""
+    best, c = p.recommended, p.cluster
+    assert best is not None, "reasons() needs a recommendation"
+    lay, out = best.layout, [_model_split_reason(p, best)]
+    fastest = p.candidates[0]
+    if fastest is not best:
+        fl = fastest.layout
+        out.append(f"The fastest estimate (tp={fl.tp} pp={fl.pp} dp={fl.dp}, {fastest.time.total:.3g} s/step) is only "
+                   f"{best.time.total / fastest.time.total - 1:.1%} faster, within the estimates' precision "
+                   f"(plan.prefer_simpler_within={p.plan.prefer_simpler_within:g}): fewer model-parallel ranks win.")
+    if lay.tp > 1:
+        out.append(f"Tensor parallelism inside a node: tp={lay.tp} of the {c.gpus_per_node} GPUs of a node; its 4 "
+                   f"all-reduces per layer per micro-batch run over NVLink at {c.intra_node_gbps:g} GB/s "
+                   f"({best.time.tp_comm:.3g} s/step).")
+    if lay.pp > 1:
+        counts = stage_layer_counts(p.desc.n_layer, lay.pp)
+        split = (f"{counts[0]} layers each" if len(set(counts)) == 1 else
+                 f"{min(counts)}-{max(counts)} layers ({p.desc.n_layer} layers do not divide by {lay.pp}; the first "
+                 f"stages take one more)")
+        where = (f"across nodes: only the stage boundaries' activations, the lightest traffic, cross the "
+                 f"{c.inter_node_gbps:g} GB/s network" if spans_nodes(lay.tp * lay.pp, c) else "inside the node")
+        out.append(f"Pipeline parallelism {where}; pp={lay.pp} stages of {split}, p2p {best.time.pp_comm:.3g} s/step.")
+    if lay.dp > 1:
+        zero = {0: "no ZeRO partitioning is needed",
+                1: "ZeRO-1 partitions the optimizer states over dp (no extra traffic)",
+                2: "ZeRO-2 partitions optimizer states and gradients",
+                3: "ZeRO-3 partitions parameters too (1.5x the traffic, every micro-batch)"}[lay.zero_stage]
+        span = "across nodes" if spans_nodes(lay.world_size, c) else "inside the node"
+        out.append(f"Data parallelism outermost: dp={lay.dp} replicas {span}, gradients reduced once per step "
+                   f"({best.time.dp_comm:.3g} s/step); {zero}"
+                   + ("; ZeRO-2/3 are not possible with pp > 1 (DeepSpeed's pipeline engine supports ZeRO-1)."
+                      if lay.pp > 1 else "."))
+    else:
+        out.append("dp=1: the model-parallel ranks take every GPU, so there is no data parallelism.")
+    m = lay.grad_accum
+    if lay.pp > 1:
+        ratio = m / lay.pp
+        advice = "" if ratio >= 2 else " (fewer than 2x the stages: raise trainer.global_batch_size to shrink the bubble)"
+        out.append(f"Micro-batches: {m} per step = {ratio:.1f}x the {lay.pp} stages (aim for at least 2-4x){advice}; "
+                   f"bubble (p-1)/(m+p-1) = {(lay.pp - 1) / (m + lay.pp - 1):.1%} of the pipeline time.")
+    out.append(f"Gradient accumulation {m} = global batch {p.global_batch_size} / (micro-batch {lay.micro_batch_size} "
+               f"x dp {lay.dp}), reaching the global batch with {best.mem.activations / GB:.1f} GB of activations per GPU.")
+    if lay.activation_checkpointing:
+        out.append("Activation checkpointing on: without it nothing as fast fits; recomputation costs one more "
+                   "forward of the layers (+1/3 of their compute).")
+    else:
+        out.append("Activation checkpointing off: the stored activations fit, so nothing is recomputed.")
+    return out
+
+
+def _row(rank: int, x: Candidate) -> str:
+    lay, m = x.layout, x.mem
+    return (f"{rank:>3} {lay.tp:>3} {lay.pp:>3} {lay.dp:>5} {lay.zero_stage:>4} {lay.micro_batch_size:>5} "
+            f"{lay.grad_accum:>5} {'on' if lay.activation_checkpointing else 'off':>4} "
+            f"{m.params / GB:>7.1f} {m.grads / GB:>6.1f} {m.optimizer / GB:>6.1f} {m.activations / GB:>6.1f} "
+            f"{m.buffers / GB:>6.1f} {m.total / GB:>7.1f} {x.time.total:>9.3f} {x.tokens_per_s:>11.0f} {'yes' if x.fits else 'no':>4}")
+
+
+HEADER = ("  # " + " tp  pp    dp zero micro accum ckpt  params  grads  optim   acts   bufs   total    step_s    tokens/s fits")
+
+
+def trimmed_diagram(text: str, max_items: int) -> str:
+    """describe_grid's diagram with at most `max_items` rank lines and groups of each kind."""
+    lines, kept, seen = text.rstrip("\n").split("\n"), [], {}
+    for line in lines:
+        kind = line.split(" ")[0] if " group:" in line else ("rank" if line[:4].strip().isdigit() else None)
+        if kind is None:
+            kept.append(line)
+            continue
+        seen[kind] = seen.get(kind, 0) + 1
+        if seen[kind] <= max_items:
+            kept.append(line)
+        elif seen[kind] == max_items + 1:
+            kept.append(f"... ({kind} lines after the first {max_items} left out)")
+    return "\n".join(kept) + "\n"
+
+
+def render_text(p: Plan) -> str:
+    c, d = p.cluster, p.desc
+    world = c.nodes * c.gpus_per_node
+    out = [f"model {d.name}: {d.num_params / 1e9:.3f}B parameters, {d.n_layer} layers, hidden {d.hidden_size}, "
+           f"context {d.tokens_per_sample}; {p.dtype}, global batch {p.global_batch_size}",
+           f"cluster {c.name}: {c.nodes} node(s) x {c.gpus_per_node} GPUs = {world}, {c.gpu_mem_gb:g} GB each "
+           f"({p.plan.mem_fraction:.0%} usable: {p.usable_bytes / GB:.1f} GB), {c.peak_tflops:g} TFLOP/s peak at "
+           f"{c.mfu:.0%} MFU, NVLink {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per node",
+           f"{len(p.candidates)} layouts estimated, {sum(x.fits for x in p.candidates)} fit", ""]
+    best = p.recommended
+    if best is None:
+        smallest = min(p.candidates, key=lambda x: x.mem.total)
+        out += [f"NOTHING FITS: the smallest estimate is {smallest.mem.total / GB:.1f} GB per GPU "
+                f"(tp={smallest.layout.tp}, pp={smallest.layout.pp}, ZeRO-{smallest.layout.zero_stage}, "
+                f"micro-batch {smallest.layout.micro_batch_size}) > {p.usable_bytes / GB:.1f} GB usable; add nodes "
+                f"(cluster.nodes), use larger GPUs, or allow more plan.micro_batch_sizes/zero_stages.", "", HEADER,
+                _row(1, smallest)]
+        return "\n".join(out) + "\n"
+    lay = best.layout
+    out.append(f"RECOMMENDED: tp={lay.tp} pp={lay.pp} dp={lay.dp} zero_stage={lay.zero_stage} "
+               f"micro_batch_size={lay.micro_batch_size} grad_accum={lay.grad_accum} "
+               f"activation_checkpointing={str(lay.activation_checkpointing).lower()}")
+    out.append(f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s; "
+               "step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items() if k != "total"))
+    out.append(f"  train with: parallel.tp={lay.tp} parallel.pp={lay.pp} parallel.zero_stage={lay.zero_stage} "
+               f"trainer.micro_batch_size={lay.micro_batch_size} trainer.global_batch_size={p.global_batch_size} "
+               f"model.activation_checkpointing={str(lay.activation_checkpointing).lower()}"
+               + (" parallel.sequence_parallel=true" if lay.tp > 1 and p.plan.sequence_parallel else ""))
+    out += ["", "Why:"] + [f"- {r}" for r in reasons(p)]
+    out += ["", f"Best {min(p.plan.top, len(p.candidates))} of {len(p.candidates)} (memory in GB per GPU):", HEADER]
+    out += [_row(i + 1, x) for i, x in enumerate(p.candidates[:p.plan.top])]
+    from zoo.parallel.topology import describe_grid  # imports DeepSpeed: only the text output needs it
+
+    hosts = [f"node{r // c.gpus_per_node}" for r in range(lay.world_size)]
+    out += ["", "Device topology of the recommended layout:",
+            trimmed_diagram(describe_grid(lay.grid, hosts), p.plan.diagram_ranks).rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
+def render_json(p: Plan) -> str:
+    best = p.recommended
+    c = p.cluster
+    obj = {"model": {"name": p.desc.name, "num_params": p.desc.num_params, "n_layer": p.desc.n_layer},
+           "cluster": {"name": c.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "gpu_mem_gb": c.gpu_mem_gb},
+           "dtype": p.dtype, "global_batch_size": p.global_batch_size, "mem_limit_bytes": int(p.usable_bytes),
+           "candidates": [x.as_dict() for x in p.candidates],
+           "recommended": best.as_dict() if best else None}
+    return json.dumps(obj, indent=1) + "\n"

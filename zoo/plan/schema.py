@@ -1,0 +1,153 @@
+"""Typed schemas of the planner's config (`conf/plan.yaml`) and their checks.
+
+`python -m zoo.plan` composes `conf/plan.yaml`: the training config's `model`, `precision`
+and `trainer` sections (the same schemas as `zoo.config.schema`), a `cluster` from
+`conf/cluster/`, and the `plan` section below. Composition checks keys and types; the
+cross-key checks here raise ValueError with the numbers and the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from zoo.config.schema import ModelConfig, PrecisionConfig, TrainerConfig
+
+FORMATS = ("text", "json")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    """Name of the preset, printed with the plan."""
+    nodes: int = 1
+    """Number of nodes."""
+    gpus_per_node: int = 8
+    """Accelerators per node (the tensor-parallel group stays inside one node)."""
+    gpu_mem_gb: float = 80.0
+    """Memory of one accelerator, GB (1e9 bytes)."""
+    peak_tflops: float = 312.0
+    """Dense 16-bit (bf16/fp16) peak of one accelerator, TFLOP/s."""
+    fp32_tflops: Optional[float] = None
+    """Peak for fp32 training (TF32 tensor cores on NVIDIA), TFLOP/s. None: half of peak_tflops."""
+    hbm_gbps: float = 2039.0
+    """Memory bandwidth of one accelerator, GB/s: bounds the speed of narrow matrix multiplies."""
+    intra_node_gbps: float = 300.0
+    """Bandwidth between two accelerators of one node, per direction, in gigaBYTES per second
+    (NVLink; the tensor-parallel all-reduces use it)."""
+    inter_node_gbps: float = 200.0
+    """Network bandwidth out of one node, all its NICs together, per direction, in gigaBYTES
+    per second (8 x 200 Gb/s InfiniBand = 200 GB/s); each accelerator gets 1/gpus_per_node of it."""
+    mfu: float = 0.5
+    """Assumed model FLOPs utilisation: the fraction of peak that large matrix multiplies reach."""
+    comm_efficiency: float = 0.7
+    """Fraction of the link bandwidth that collectives reach (NCCL bus bandwidth / link bandwidth)."""
+
+
+@dataclass
+class PlanConfig:
+    format: str = "text"
+    """`text` (the recommendation, its reasons, the best candidates and the topology
+    diagram) or `json` (only a JSON object with every candidate and the recommended one)."""
+    mem_fraction: float = 0.8
+    """A layout fits when its estimate is at most this fraction of device memory; the rest is
+    headroom for what the estimate does not see (allocator fragmentation, CUDA context, kernels' workspaces)."""
+    vocab_size: int = 50257
+    """Tokenizer vocabulary assumed when model.vocab_size is null (GPT-2's BPE); padded to
+    model.vocab_pad_multiple as training pads it."""
+    micro_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    """Micro-batch sizes to try (each must divide the global batch with dp)."""
+    zero_stages: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    """ZeRO stages to try (2 and 3 only without pipeline parallelism)."""
+    tp: Optional[List[int]] = None
+    """Restrict tensor-parallel sizes to these (None: every one the model and node allow)."""
+    pp: Optional[List[int]] = None
+    """Restrict pipeline sizes to these (None: every one up to the number of layers)."""
+    activation_checkpointing: List[bool] = field(default_factory=lambda: [False, True])
+    """Full recomputation at layer boundaries: off, on, or both tried."""
+    sequence_parallel: bool = True
+    """Assume sequence parallelism with tp > 1 (parallel.sequence_parallel=true): LayerNorm and
+    dropout activations are split over the tp group too."""
+    zero_bucket_elems: int = 500_000_000
+    """Elements of DeepSpeed's gradient reduce bucket (zero_optimization.reduce_bucket_size,
+    default kept by zoo's engine); ZeRO allocates a buffer this size whatever the model."""
+    prefer_simpler_within: float = 0.02
+    """The estimates are not more precise than a few percent: among the layouts that fit and are
+    within this fraction of the fastest, the one with the fewest model-parallel ranks (tp*pp)
+    is recommended (data parallelism while the model fits)."""
+    top: int = 8
+    """Candidates listed in the text output."""
+    diagram_ranks: int = 64
+    """The text output's topology diagram lists at most this many ranks and groups of each kind."""
+
+
+@dataclass
+class PlanRunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model, exactly as training configures it (`conf/model/`)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """The machines (`conf/cluster/`)."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Training precision (`conf/precision/`): bytes of parameters, gradients and activations."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Only trainer.global_batch_size is read: the samples per optimizer step to reach."""
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    """What to search and how to print it."""
+
+
+def register_plan_configs() -> None:
+    """Register the planner's schemas so that `conf/plan.yaml` and `conf/cluster/` can name them."""
+    cs = ConfigStore.instance()
+    cs.store(name="zoo_plan_schema", node=PlanRunConfig)
+    cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
+
+
+def _positive(value: float, key: str, fix: str) -> None:
+    if not value > 0:
+        raise ValueError(f"{key}={value} must be positive; {fix}")
+
+
+def check_cluster(c: ClusterConfig) -> None:
+    """Raise ValueError naming the first impossible cluster value."""
+    _positive(c.nodes, "cluster.nodes", "a cluster has at least one node")
+    _positive(c.gpus_per_node, "cluster.gpus_per_node", "set the accelerators of one node, e.g. cluster.gpus_per_node=8")
+    _positive(c.gpu_mem_gb, "cluster.gpu_mem_gb", "set one accelerator's memory in GB, e.g. cluster.gpu_mem_gb=80")
+    _positive(c.peak_tflops, "cluster.peak_tflops", "set the dense bf16 peak, e.g. 312 for an A100")
+    if c.fp32_tflops is not None:
+        _positive(c.fp32_tflops, "cluster.fp32_tflops", "set it, or null for half of cluster.peak_tflops")
+    _positive(c.hbm_gbps, "cluster.hbm_gbps", "set the memory bandwidth in GB/s, e.g. 2039 for an A100 80GB")
+    _positive(c.intra_node_gbps, "cluster.intra_node_gbps", "set the NVLink bandwidth in GB/s, e.g. 300")
+    _positive(c.inter_node_gbps, "cluster.inter_node_gbps", "set the node's network bandwidth in GB/s, e.g. 200")
+    for key in ("mfu", "comm_efficiency"):
+        value = getattr(c, key)
+        if not 0 < value <= 1:
+            raise ValueError(f"cluster.{key}={value} must be in (0, 1]: it is a fraction of the peak, e.g. 0.5")
+
+
+def check_plan(cfg: PlanRunConfig) -> None:
+    """Raise ValueError naming the first impossible plan, precision or batch value."""
+    p = cfg.plan
+    check_cluster(cfg.cluster)
+    if p.format not in FORMATS:
+        raise ValueError(f"plan.format={p.format!r} is unknown; choose one of {list(FORMATS)}")
+    if cfg.precision.dtype not in DTYPE_BYTES:
+        raise ValueError(f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPE_BYTES)}")
+    if not 0 < p.mem_fraction <= 1:
+        raise ValueError(f"plan.mem_fraction={p.mem_fraction} must be in (0, 1], e.g. 0.8 for 20% headroom")
+    _positive(cfg.trainer.global_batch_size, "trainer.global_batch_size", "set the samples per step, e.g. 1536")
+    _positive(p.vocab_size, "plan.vocab_size", "set the tokenizer's vocabulary, e.g. 50257")
+    for key in ("micro_batch_sizes", "tp", "pp"):
+        values = getattr(p, key)
+        if values is not None and (not values or min(values) < 1):
+            raise ValueError(f"plan.{key}={list(values)} must be a non-empty list of positive sizes, e.g. [1, 2, 4]")
+    if not p.zero_stages or not set(p.zero_stages) <= {0, 1, 2, 3}:
+        raise ValueError(f"plan.zero_stages={list(p.zero_stages)} must be a non-empty subset of [0, 1, 2, 3]")
+    if not p.activation_checkpointing:
+        raise ValueError("plan.activation_checkpointing=[] tries nothing; use [false], [true] or [false, true]")
+    _positive(p.top, "plan.top", "list at least one candidate")
+    if not 0 <= p.prefer_simpler_within < 1:
+        raise ValueError(f"plan.prefer_simpler_within={p.prefer_simpler_within} must be in [0, 1), e.g. 0.02 for 2%")
+    _positive(p.zero_bucket_elems, "plan.zero_bucket_elems", "DeepSpeed's default is 500000000")

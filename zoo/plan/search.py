@@ -1,0 +1,163 @@
+"""Enumerate the layouts a cluster allows, estimate each, rank them, recommend one.
+
+tp: the divisors of the node's accelerators that divide every size the model lists
+(heads, FFN width, padded vocabulary); a tp group never leaves a node. pp: 1 up to the
+number of layers, where tp*pp divides the world (the layers need not divide evenly: the
+first stages take one more). dp: the rest. ZeRO 0-3 when dp > 1, only 0-1 with pp > 1
+(DeepSpeed's pipeline engine supports ZeRO-1 at most). Micro-batch sizes whose product
+with dp divides the global batch; the accumulation is global / (micro * dp). Activation
+checkpointing off and on. What fits in mem_fraction of the device is ranked by step time;
+equal times go to the simpler layout (fewer model-parallel ranks, lower ZeRO stage, no
+recomputation, larger micro-batch). The recommendation is the layout with the fewest
+model-parallel ranks among those within plan.prefer_simpler_within of the fastest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+from zoo.plan.families import ModelDesc, describe_model
+from zoo.plan.layout import PlanLayout
+from zoo.plan.memory import MemoryEstimate, layout_memory
+from zoo.plan.schema import ClusterConfig, PlanConfig, PlanRunConfig, check_plan
+from zoo.plan.step_time import StepTime, step_time
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout with its estimates."""
+
+    layout: PlanLayout
+    """The layout."""
+    mem: MemoryEstimate
+    """Bytes on its heaviest accelerator."""
+    time: StepTime
+    """Seconds per optimizer step."""
+    fits: bool
+    """mem.total <= plan.mem_fraction of the accelerator's memory."""
+    tokens_per_s: float
+    """Global batch tokens / step time."""
+
+    def as_dict(self) -> dict:
+        lay = self.layout
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+                "micro_batch_size": lay.micro_batch_size, "grad_accum": lay.grad_accum,
+                "activation_checkpointing": lay.activation_checkpointing, "mem_bytes": self.mem.as_dict(),
+                "fits": self.fits, "step_time_s": self.time.total, "step_time_parts_s": self.time.as_dict(),
+                "tokens_per_s": self.tokens_per_s}
+
+
+def estimate(desc: ModelDesc, layout: PlanLayout, cluster: ClusterConfig, *, dtype: str = "bf16",
+             plan: Optional[PlanConfig] = None) -> Candidate:
+    """Memory and step time of `layout` on `cluster` (plan: sequence parallelism, headroom, bucket)."""
+    plan = plan or PlanConfig()
+    mem = layout_memory(desc, layout, dtype=dtype, sequence_parallel=plan.sequence_parallel,
+                        bucket_elems=plan.zero_bucket_elems)
+    time = step_time(desc, layout, cluster, mem, dtype=dtype, sequence_parallel=plan.sequence_parallel)
+    tokens = layout.dp * layout.micro_batch_size * layout.grad_accum * desc.tokens_per_sample
+    return Candidate(layout=layout, mem=mem, time=time, fits=mem.total <= plan.mem_fraction * cluster.gpu_mem_gb * 1e9,
+                     tokens_per_s=tokens / time.total)
+
+
+def tp_sizes(desc: ModelDesc, gpus_per_node: int) -> List[int]:
+    """Tensor-parallel sizes that divide the node and every size the model lists."""
+    return [t for t in range(1, gpus_per_node + 1)
+            if gpus_per_node % t == 0 and all(size % t == 0 for size in desc.tp_divides.values())]
+
+
+def _grids(desc: ModelDesc, cluster: ClusterConfig, plan: PlanConfig) -> Iterator[tuple]:
+    world = cluster.nodes * cluster.gpus_per_node
+    for tp in tp_sizes(desc, cluster.gpus_per_node):
+        if plan.tp is not None and tp not in plan.tp:
+            continue
+        for pp in range(1, min(desc.n_layer, world // tp) + 1):
+            if world % (tp * pp) == 0 and (plan.pp is None or pp in plan.pp):
+                yield tp, pp, world // (tp * pp)
+
+
+def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, plan: PlanConfig) -> List[PlanLayout]:
+    """Every layout to score; ValueError with the fix when the global batch allows none."""
+    out, dps = [], set()
+    for tp, pp, dp in _grids(desc, cluster, plan):
+        dps.add(dp)
+        stages = [z for z in plan.zero_stages if (dp > 1 or z == 0) and (pp == 1 or z <= 1)]
+        for micro in plan.micro_batch_sizes:
+            if global_batch_size % (micro * dp):
+                continue
+            out.extend(PlanLayout(tp=tp, pp=pp, dp=dp, zero_stage=z, micro_batch_size=micro,
+                                  grad_accum=global_batch_size // (micro * dp), activation_checkpointing=ckpt)
+                       for z in stages for ckpt in plan.activation_checkpointing)
+    if not dps:
+        raise ValueError(f"no tp x pp grid fits {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs with "
+                         f"plan.tp={plan.tp} and plan.pp={plan.pp}; tp must be among "
+                         f"{tp_sizes(desc, cluster.gpus_per_node)} and pp at most {desc.n_layer}, with tp*pp "
+                         f"dividing {cluster.nodes * cluster.gpus_per_node}")
+    if not out:
+        step = min(dps) * min(plan.micro_batch_sizes)
+        raise ValueError(f"trainer.global_batch_size={global_batch_size} is not a multiple of micro_batch * dp for "
+                         f"any layout tried (dp in {sorted(dps)}, micro-batch in {list(plan.micro_batch_sizes)}); set "
+                         f"it to a multiple of {step}, e.g. {max(1, round(global_batch_size / step)) * step}")
+    return out
+
+
+def rank_key(c: Candidate) -> tuple:
+    lay = c.layout
+    return (not c.fits, c.time.total if c.fits else c.mem.total, lay.tp * lay.pp, lay.zero_stage,
+            lay.activation_checkpointing, -lay.micro_batch_size)
+
+
+def enumerate_layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, *, dtype: str = "bf16",
+                      plan: Optional[PlanConfig] = None) -> List[Candidate]:
+    """Every layout, estimated: those that fit first, fastest first; then the rest, smallest first."""
+    plan = plan or PlanConfig()
+    found = [estimate(desc, lay, cluster, dtype=dtype, plan=plan)
+             for lay in layouts(desc, cluster, global_batch_size, plan)]
+    return sorted(found, key=rank_key)
+
+
+def recommend(candidates: List[Candidate], within: float = 0.02) -> Optional[Candidate]:
+    """Among the layouts that fit and are within `within` of the fastest, the one with the
+    fewest model-parallel ranks (then the fastest); None when nothing fits."""
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        return None
+    fastest = min(c.time.total for c in fitting)
+    close = [c for c in fitting if c.time.total <= fastest * (1 + within)]
+    return min(close, key=lambda c: (c.layout.tp * c.layout.pp, c.time.total))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one planner run found."""
+
+    desc: ModelDesc
+    """The model."""
+    cluster: ClusterConfig
+    """The machines."""
+    dtype: str
+    """Training precision."""
+    global_batch_size: int
+    """Samples per optimizer step."""
+    plan: PlanConfig
+    """Search and output settings."""
+    candidates: List[Candidate]
+    """Every layout, ranked (fitting ones first, fastest first)."""
+
+    @property
+    def recommended(self) -> Optional[Candidate]:
+        return recommend(self.candidates, self.plan.prefer_simpler_within)
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.plan.mem_fraction * self.cluster.gpu_mem_gb * GB
+
+
+def make_plan(cfg: PlanRunConfig) -> Plan:
+    """Check the config, describe the model, estimate every layout."""
+    check_plan(cfg)
+    desc = describe_model(cfg.model, cfg.plan.vocab_size)
+    cands = enumerate_layouts(desc, cfg.cluster, cfg.trainer.global_batch_size, dtype=cfg.precision.dtype, plan=cfg.plan)
+    return Plan(desc=desc, cluster=cfg.cluster, dtype=cfg.precision.dtype,
+                global_batch_size=cfg.trainer.global_batch_size, plan=cfg.plan, candidates=cands)

@@ -1,0 +1,132 @@
+"""Estimated time of one optimizer step of a layout.
+
+- Compute: training FLOPs per token are 3x the forward's (backward is twice the forward),
+  6N + 12*L*h*s for a GPT (N parameters in matrix multiplies, L layers, hidden h, context
+  s); activation checkpointing adds one more forward of the layers (8N + 16*L*h*s). A
+  rank's share runs at peak * mfu, lowered by the roofline when the narrowest matrix
+  multiply (tokens x K x N/tp) is memory-bound: efficiency = mfu * min(1, intensity *
+  hbm_bandwidth / peak).
+- Tensor parallelism: each layer's all-reduces (2 forward, 2 backward, 2 more when
+  recomputing) of tokens*h elements, as ring all-reduces, 2(t-1)/t of the bytes, over the
+  NVLink bandwidth; with sequence parallelism the all-gather + reduce-scatter pairs move the same.
+- Pipeline: m micro-batches through p stages take (m + p - 1) slots of the slowest stage:
+  the bubble is (p-1)/(m+p-1) of the pipeline time; each slot also sends an activation
+  forward and receives its gradient (p2p, over the network when stages span nodes).
+- Data parallelism, once per step unless said: all-reduce of the gradients (ZeRO 0/1:
+  2(d-1)/d of the gradient bytes); ZeRO-2 reduce-scatters every micro-batch and all-gathers
+  the parameters once; ZeRO-3 all-gathers parameters in forward and backward and
+  reduce-scatters gradients every micro-batch, 1.5x the all-reduce's volume each time.
+  Over the network (1/gpus_per_node of a node's bandwidth each) when the job spans nodes.
+- Optimizer: reading and writing this rank's model states once, at memory bandwidth.
+Nothing is assumed to overlap: communication adds to compute.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, List
+
+from zoo.plan.families import ModelDesc, Piece
+from zoo.plan.layout import PlanLayout
+from zoo.plan.memory import MemoryEstimate, stage_layers, stage_params, stage_pieces
+from zoo.plan.schema import DTYPE_BYTES, ClusterConfig
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one optimizer step, by cause."""
+
+    compute: float = 0
+    """Forward, backward and recomputation of the micro-batches on the slowest stage."""
+    tp_comm: float = 0
+    """Tensor-parallel all-reduces."""
+    pp_comm: float = 0
+    """Pipeline sends and receives."""
+    bubble: float = 0
+    """The pipeline's idle slots: (p-1) of the slowest stage's per-micro-batch time."""
+    dp_comm: float = 0
+    """Data-parallel gradient (and ZeRO-3 parameter) collectives."""
+    optimizer: float = 0
+    """The optimizer update over this rank's model states."""
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp_comm + self.pp_comm + self.bubble + self.dp_comm + self.optimizer
+
+    def as_dict(self) -> Dict[str, float]:
+        return {**asdict(self), "total": self.total}
+
+
+def training_flops_per_token(pieces: List[Piece], layers: List[Piece], checkpointing: bool) -> float:
+    """Forward + backward (3x forward), plus the layers' recomputed forward with checkpointing."""
+    return 3 * sum(p.fwd_flops_per_token for p in pieces) + (
+        sum(p.fwd_flops_per_token for p in layers) if checkpointing else 0)
+
+
+def peak_flops(cluster: ClusterConfig, dtype: str) -> float:
+    tflops = cluster.peak_tflops if dtype != "fp32" else (cluster.fp32_tflops or cluster.peak_tflops / 2)
+    return tflops * 1e12
+
+
+def gemm_efficiency(desc: ModelDesc, tokens: int, tp: int, cluster: ClusterConfig, dtype: str) -> float:
+    """mfu, lowered when the narrowest matrix multiply (tokens x K x N/tp) is memory-bound."""
+    k, n = desc.gemm_shape[0], desc.gemm_shape[1] / tp
+    elt = DTYPE_BYTES[dtype]
+    intensity = 2 * tokens * k * n / (elt * (tokens * k + k * n + tokens * n))  # FLOPs per byte moved
+    return cluster.mfu * min(1.0, intensity * cluster.hbm_gbps * 1e9 / peak_flops(cluster, dtype))
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, gbps: float, efficiency: float) -> float:
+    """A ring all-reduce sends 2(n-1)/n of the buffer from every rank."""
+    return 0.0 if ranks == 1 else 2 * (ranks - 1) / ranks * nbytes / (gbps * 1e9 * efficiency)
+
+
+def spans_nodes(ranks: int, cluster: ClusterConfig) -> bool:
+    return ranks > cluster.gpus_per_node
+
+
+def network_gbps(cluster: ClusterConfig, crosses_nodes: bool) -> float:
+    """Per-accelerator bandwidth: NVLink inside a node, a share of the node's NICs between nodes."""
+    return cluster.inter_node_gbps / cluster.gpus_per_node if crosses_nodes else cluster.intra_node_gbps
+
+
+def _stage_micro_times(desc: ModelDesc, lay: PlanLayout, stage: int, cluster: ClusterConfig, dtype: str,
+                       sequence_parallel: bool) -> tuple:
+    """(compute, tp communication, pp communication) seconds of one micro-batch on `stage`."""
+    elt = DTYPE_BYTES[dtype]
+    tokens = lay.micro_batch_size * desc.tokens_per_sample
+    pieces, layers = stage_pieces(desc, lay.pp, stage), stage_layers(desc, lay.pp, stage)
+    ckpt = lay.activation_checkpointing
+    flops = tokens * training_flops_per_token(pieces, layers, ckpt) / lay.tp
+    compute = flops / (peak_flops(cluster, dtype) * gemm_efficiency(desc, tokens, lay.tp, cluster, dtype))
+    allreduced = sum(p.tp_allreduce_elems_per_token for p in pieces) + (
+        sum(p.tp_allreduce_elems_per_token for p in layers) / 2 if ckpt else 0)
+    tp_comm = ring_allreduce_s(tokens * allreduced * elt, lay.tp, cluster.intra_node_gbps, cluster.comm_efficiency)
+    pp_comm = 0.0
+    if lay.pp > 1:
+        p2p_bytes = tokens * desc.hidden_size * elt / (lay.tp if sequence_parallel and lay.tp > 1 else 1)
+        gbps = network_gbps(cluster, spans_nodes(lay.tp * lay.pp, cluster))
+        pp_comm = 2 * p2p_bytes / (gbps * 1e9 * cluster.comm_efficiency)
+    return compute, tp_comm, pp_comm
+
+
+def dp_comm_bytes(n_params: float, lay: PlanLayout, dtype: str) -> float:
+    """Bytes a rank sends per step in the data-parallel collectives of its `n_params` parameters."""
+    if lay.dp == 1:
+        return 0.0
+    share = (lay.dp - 1) / lay.dp * n_params * DTYPE_BYTES[dtype]  # one reduce-scatter or all-gather
+    m = lay.grad_accum
+    return {0: 2 * share, 1: 2 * share, 2: (m + 1) * share, 3: 3 * m * share}[lay.zero_stage]
+
+
+def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, mem: MemoryEstimate, *, dtype: str,
+              sequence_parallel: bool = True) -> StepTime:
+    """Seconds per optimizer step; `mem` is the layout's heaviest accelerator (for the optimizer update)."""
+    per_stage = [_stage_micro_times(desc, lay, s, cluster, dtype, sequence_parallel) for s in {0, lay.pp - 1}]
+    compute, tp_comm, pp_comm = max(per_stage, key=sum)
+    m = lay.grad_accum
+    n = max(stage_params(desc, lay.pp, s, lay.tp) for s in {0, lay.pp - 1})
+    dp_gbps = network_gbps(cluster, spans_nodes(lay.world_size, cluster))
+    dp_comm = dp_comm_bytes(n, lay, dtype) / (dp_gbps * 1e9 * cluster.comm_efficiency)
+    optimizer = 2 * (mem.params + mem.grads + mem.optimizer) / (cluster.hbm_gbps * 1e9)
+    return StepTime(compute=m * compute, tp_comm=m * tp_comm, pp_comm=m * pp_comm,
+                    bubble=(lay.pp - 1) * (compute + tp_comm + pp_comm), dp_comm=dp_comm, optimizer=optimizer)
