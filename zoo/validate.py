@@ -70,25 +70,6 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     if cfg.precision.dtype == "fp16":
         _require(cuda_available, "precision=fp16 needs CUDA (dynamic loss scaling runs on the GPU) and no GPU "
                                  "is visible; use precision=bf16 or precision=fp32 on this machine")
-    _require(p.num_microbatches is None or p.num_microbatches > 0,
-             f"parallel.num_microbatches={p.num_microbatches} must be positive (or null)")
-    if layout.pp == 1 and p.num_microbatches is None:
-        per_step, what = t.micro_batch_size * layout.dp, f"trainer.micro_batch_size({t.micro_batch_size}) * dp({layout.dp})"
-    else:
-        count = p.num_microbatches or 3 * layout.pp
-        per_step, what = count * layout.dp, f"micro-batches({count}) * dp({layout.dp})"
-        _require(count >= layout.pp,
-                 f"{count} micro-batches per step is fewer than the {layout.pp} pipeline stages: stages would sit "
-                 f"idle; set parallel.num_microbatches to at least {2 * layout.pp} (2-4 x pp)")
-        if count < 2 * layout.pp:
-            bubble = (layout.pp - 1) / (count + layout.pp - 1)
-            warnings.append(f"{count} micro-batches for {layout.pp} pipeline stages: the expected bubble is "
-                            f"(p-1)/(m+p-1) = {bubble:.0%} of the step; use parallel.num_microbatches >= {2 * layout.pp}")
-    _require(t.global_batch_size % per_step == 0,
-             f"trainer.global_batch_size={t.global_batch_size} is not divisible by {what} = {per_step}; "
-             f"set trainer.global_batch_size to a multiple of {per_step}, "
-             f"e.g. {max(1, round(t.global_batch_size / per_step)) * per_step}")
-
     try:
         dims = model_dims(m, vocab_size=m.vocab_size)
     except ValueError as err:
@@ -116,4 +97,23 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
         _require(p.zero_stage <= 1,
                  f"parallel.zero_stage={p.zero_stage} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine supports "
                  f"ZeRO stage 0 or 1 only; set parallel.zero_stage=1 or parallel.pp=1")
+    _require(p.num_microbatches is None or p.num_microbatches > 0,
+             f"parallel.num_microbatches={p.num_microbatches} must be positive (or null)")
+    if layout.pp == 1 and p.num_microbatches is None:
+        per_step, what = t.micro_batch_size * layout.dp, f"trainer.micro_batch_size({t.micro_batch_size}) * dp({layout.dp})"
+    else:
+        count = p.num_microbatches or 3 * layout.pp
+        per_step, what = count * layout.dp, f"micro-batches({count}) * dp({layout.dp})"
+        _require(count >= layout.pp,
+                 f"{count} micro-batches per step is fewer than the {layout.pp} pipeline stages: stages would sit "
+                 f"idle; set parallel.num_microbatches to at least {2 * layout.pp} (2-4 x pp)")
+        if count < 2 * layout.pp:
+            bubble = (layout.pp - 1) / (count + layout.pp - 1)
+            warnings.append(f"{count} micro-batches for {layout.pp} pipeline stages: the expected bubble is "
+                            f"(p-1)/(m+p-1) = {bubble:.0%} of the step; use parallel.num_microbatches >= {2 * layout.pp}")
+    _require(t.global_batch_size % per_step == 0,
+             f"trainer.global_batch_size={t.global_batch_size} is not divisible by {what} = {per_step}; "
+             f"set trainer.global_batch_size to a multiple of {per_step}, "
+             f"e.g. {max(1, round(t.global_batch_size / per_step)) * per_step}")
+
     return warnings

@@ -7,7 +7,6 @@ started by torchrun, the deepspeed launcher or srun (through `zoo.train`).
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import warnings
 from datetime import timedelta
@@ -61,29 +60,6 @@ def write_topology(layout: Layout, run_dir: Path, rank: int) -> None:
         print(text, end="", flush=True)
 
 
-def prepare_data(cfg: Config, run_dir: Path, rank: int):
-    """Tokenizer and packed blocks (cached; the first rank to take the cache lock builds)."""
-    from data_pipelines.corpus import pydoc_documents
-    from data_pipelines.lm import load_packed_blocks, prepare_packed_blocks
-    from data_pipelines.tokenizer import train_gpt_tokenizer
-    from zoo.models import model_dims
-
-    docs = pydoc_documents()
-    source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
-    tok_dir = cfg.data.tokenizer or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
-    block = model_dims(cfg.model, None).block_size
-    entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
-                                  source_key=source_key, cache_dir=cfg.data.cache_dir)
-    if rank == 0 and not (run_dir / "tokenizer").exists():
-        if os.path.isdir(tok_dir):
-            shutil.copytree(tok_dir, run_dir / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
-        else:
-            from data_pipelines.tokenizer import load_tokenizer
-
-            load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
-    return tok_dir, load_packed_blocks(entry)
-
-
 def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     """Run one rank of a training job."""
     # DeepSpeed still calls the collectives torch renamed; the notice says nothing to users.
@@ -106,11 +82,13 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     write_topology(layout, run_path, rank)
     grid = build_grid(layout)
 
+    from zoo.tasks import TASKS
     from zoo.trainer import Trainer
 
-    tok_dir, blocks = prepare_data(cfg, run_path, rank)
+    task = TASKS[cfg.model.family](cfg, device)
+    task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
-    trainer = Trainer(cfg, layout, grid, blocks, tok_dir, run_path, device)
+    trainer = Trainer(cfg, layout, grid, task, run_path, device)
     try:
         trainer.fit()
     finally:

@@ -137,8 +137,6 @@ class GPT(nn.Module):
         self.lm_head.weight = self.embed.wte.weight  # tied
         # Replaced by the vocab-parallel loss when the head is sharded.
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
-        # Set by the parallelize step: gathers vocab-sharded logits for sampling.
-        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
         self.activation_checkpointing = False
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
@@ -161,10 +159,10 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
                  top_k: int = 40, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """Sample continuations; every rank of a tp group must call it with the same generator."""
+        """Sample continuations (top-k, temperature) of the plain model."""
         for _ in range(max_new_tokens):
             ctx = idx[:, -self.shape.block_size:]
-            logits = self.gather_logits(self(ctx)[:, -1, :]) / temperature
+            logits = self(ctx)[:, -1, :] / temperature
             if top_k:
                 kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))

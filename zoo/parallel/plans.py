@@ -18,8 +18,7 @@ import torch.nn as nn
 
 from zoo.parallel.cross_entropy import vocab_parallel_cross_entropy
 from zoo.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from zoo.parallel.mappings import (gather_from_tp_region, reduce_from_tp_region,
-                                   scatter_to_sequence_parallel_region)
+from zoo.parallel.mappings import reduce_from_tp_region, scatter_to_sequence_parallel_region
 
 Plan = Sequence[Tuple[str, str]]
 
@@ -74,7 +73,6 @@ def apply_tp_plan(model: nn.Module, tp_group, *, plan: Plan = GPT_TP_PLAN,
         model.lm_head.weight = model.embed.wte.weight  # the tie survives the swap
     if hasattr(model, "loss_fn"):
         model.loss_fn = functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
-        model.gather_logits = functools.partial(gather_from_tp_region, group=tp_group)
     if sequence_parallel and hasattr(model, "embed"):
         model.embed.register_forward_hook(lambda _m, _i, out: scatter_to_sequence_parallel_region(out, tp_group))
     return model

@@ -159,7 +159,9 @@ def describe_gpt(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
                  fwd_flops_per_token=2 * v * h,
                  tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward); the loss's are scalars
     vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
-    return ModelDesc(name=f"gpt {cfg.size}", embedding=embedding, layers=(layer,) * d.n_layer, head=head,
+    overrides = [f"{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+                 if getattr(cfg, k) is not None]
+    return ModelDesc(name=f"gpt {cfg.size}" + (f" [{', '.join(overrides)}]" if overrides else ""), embedding=embedding, layers=(layer,) * d.n_layer, head=head,
                      tied_head_params=v * h, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h),
                      tp_divides={"model.n_head": a, "the FFN width": f,
                                  vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})

@@ -4,8 +4,10 @@ Model states follow Rajbhandari et al. 2020 (ZeRO, section 5) for Adam: with mix
 precision 2 bytes of parameters, 2 of gradients and K = 12 of optimizer states (fp32
 master weights, momentum, variance) per parameter; stage 1 partitions the optimizer
 states over dp, stage 2 also the gradients, stage 3 also the parameters. With fp32
-training the bytes are 4 + 4 + 8, and with ZeRO >= 1 DeepSpeed's ZeRO optimizers clone an
-fp32 master partition even of fp32 parameters, so K = 12 again (measured in tests/plan).
+training the bytes are 4 + 4 + 8 without ZeRO, but DeepSpeed's ZeRO optimizers clone this
+rank's partition as fp32 master weights even when the parameters already are fp32, so
+K = 12 with ZeRO 1-3 (ZeRO-3 has a branch meant to reuse the partition, but it compares a
+device name string with a torch.device and never takes it); tests/plan measures this.
 
 Activations follow Korthikanti et al. 2022 per token of each piece (`zoo.plan.families`),
 times the tokens of a micro-batch and the micro-batches in flight: with 1F1B, stage i of p
@@ -55,7 +57,8 @@ def model_state_bytes(n_params: float, dp: int, zero_stage: int, dtype: str) -> 
     """Parameters, gradients and Adam states of `n_params` parameters on one of `dp` ranks."""
     mixed = dtype != "fp32"
     weight_bytes = DTYPE_BYTES[dtype]
-    optimizer_bytes = 12 if (mixed or zero_stage >= 1) else 8
+    master_bytes = 4 if mixed or zero_stage >= 1 else 0  # the fp32 copy the update writes
+    optimizer_bytes = master_bytes + 8  # + Adam's fp32 momentum and variance
     return MemoryEstimate(params=n_params * weight_bytes / (dp if zero_stage >= 3 else 1),
                           grads=n_params * weight_bytes / (dp if zero_stage >= 2 else 1),
                           optimizer=n_params * optimizer_bytes / (dp if zero_stage >= 1 else 1))

@@ -50,7 +50,7 @@ def reasons(p: Plan) -> List[str]:
         fl = fastest.layout
         out.append(f"The fastest estimate (tp={fl.tp} pp={fl.pp} dp={fl.dp}, {fastest.time.total:.3g} s/step) is only "
                    f"{best.time.total / fastest.time.total - 1:.1%} faster, within the estimates' precision "
-                   f"(plan.prefer_simpler_within={p.plan.prefer_simpler_within:g}): fewer model-parallel ranks win.")
+                   f"(plan.prefer_simpler_within={p.plan.prefer_simpler_within:g}): pure data parallelism wins.")
     if lay.tp > 1:
         out.append(f"Tensor parallelism inside a node: tp={lay.tp} of the {c.gpus_per_node} GPUs of a node; its 4 "
                    f"all-reduces per layer per micro-batch run over NVLink at {c.intra_node_gbps:g} GB/s "

@@ -75,9 +75,9 @@ class PlanConfig:
     """Elements of DeepSpeed's gradient reduce bucket (zero_optimization.reduce_bucket_size,
     default kept by zoo's engine); ZeRO allocates a buffer this size whatever the model."""
     prefer_simpler_within: float = 0.02
-    """The estimates are not more precise than a few percent: among the layouts that fit and are
-    within this fraction of the fastest, the one with the fewest model-parallel ranks (tp*pp)
-    is recommended (data parallelism while the model fits)."""
+    """The estimates are not more precise than a few percent: a pure data-parallel layout
+    (tp = pp = 1) within this fraction of the fastest is recommended over it (data
+    parallelism while the model fits)."""
     top: int = 8
     """Candidates listed in the text output."""
     diagram_ranks: int = 64

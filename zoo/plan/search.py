@@ -8,8 +8,8 @@ first stages take one more). dp: the rest. ZeRO 0-3 when dp > 1, only 0-1 with p
 with dp divides the global batch; the accumulation is global / (micro * dp). Activation
 checkpointing off and on. What fits in mem_fraction of the device is ranked by step time;
 equal times go to the simpler layout (fewer model-parallel ranks, lower ZeRO stage, no
-recomputation, larger micro-batch). The recommendation is the layout with the fewest
-model-parallel ranks among those within plan.prefer_simpler_within of the fastest.
+recomputation, larger micro-batch). The recommendation is the fastest, or a pure
+data-parallel layout when one is within plan.prefer_simpler_within of it.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def estimate(desc: ModelDesc, layout: PlanLayout, cluster: ClusterConfig, *, dty
     plan = plan or PlanConfig()
     mem = layout_memory(desc, layout, dtype=dtype, sequence_parallel=plan.sequence_parallel,
                         bucket_elems=plan.zero_bucket_elems)
-    time = step_time(desc, layout, cluster, mem, dtype=dtype, sequence_parallel=plan.sequence_parallel)
+    time = step_time(desc, layout, cluster, dtype=dtype, sequence_parallel=plan.sequence_parallel)
     tokens = layout.dp * layout.micro_batch_size * layout.grad_accum * desc.tokens_per_sample
     return Candidate(layout=layout, mem=mem, time=time, fits=mem.total <= plan.mem_fraction * cluster.gpu_mem_gb * 1e9,
                      tokens_per_s=tokens / time.total)
@@ -118,14 +118,15 @@ def enumerate_layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size
 
 
 def recommend(candidates: List[Candidate], within: float = 0.02) -> Optional[Candidate]:
-    """Among the layouts that fit and are within `within` of the fastest, the one with the
-    fewest model-parallel ranks (then the fastest); None when nothing fits."""
-    fitting = [c for c in candidates if c.fits]
+    """The fastest layout that fits, unless a pure data-parallel one (tp = pp = 1) is within
+    `within` of it: then that one. None when nothing fits."""
+    fitting = sorted((c for c in candidates if c.fits), key=rank_key)
     if not fitting:
         return None
-    fastest = min(c.time.total for c in fitting)
-    close = [c for c in fitting if c.time.total <= fastest * (1 + within)]
-    return min(close, key=lambda c: (c.layout.tp * c.layout.pp, c.time.total))
+    replica = next((c for c in fitting if c.layout.tp == c.layout.pp == 1), None)
+    if replica is not None and replica.time.total <= fitting[0].time.total * (1 + within):
+        return replica
+    return fitting[0]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@
   the parameters once; ZeRO-3 all-gathers parameters in forward and backward and
   reduce-scatters gradients every micro-batch, 1.5x the all-reduce's volume each time.
   Over the network (1/gpus_per_node of a node's bandwidth each) when the job spans nodes.
-- Optimizer: reading and writing this rank's model states once, at memory bandwidth.
+- Optimizer: reading and writing the model states of this rank's partition once (all of
+  them without ZeRO, 1/dp of them with ZeRO 1-3), at memory bandwidth.
 Nothing is assumed to overlap: communication adds to compute.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Dict, List
 
 from zoo.plan.families import ModelDesc, Piece
 from zoo.plan.layout import PlanLayout
-from zoo.plan.memory import MemoryEstimate, stage_layers, stage_params, stage_pieces
+from zoo.plan.memory import model_state_bytes, stage_layers, stage_params, stage_pieces
 from zoo.plan.schema import DTYPE_BYTES, ClusterConfig
 
 
@@ -80,8 +81,10 @@ def ring_allreduce_s(nbytes: float, ranks: int, gbps: float, efficiency: float) 
     return 0.0 if ranks == 1 else 2 * (ranks - 1) / ranks * nbytes / (gbps * 1e9 * efficiency)
 
 
-def spans_nodes(ranks: int, cluster: ClusterConfig) -> bool:
-    return ranks > cluster.gpus_per_node
+def spans_nodes(block: int, cluster: ClusterConfig) -> bool:
+    """Whether some aligned block of `block` consecutive ranks (a model replica is tp*pp of
+    them, the whole job is the world) has ranks on two nodes."""
+    return block > cluster.gpus_per_node or cluster.gpus_per_node % block != 0
 
 
 def network_gbps(cluster: ClusterConfig, crosses_nodes: bool) -> float:
@@ -118,15 +121,17 @@ def dp_comm_bytes(n_params: float, lay: PlanLayout, dtype: str) -> float:
     return {0: 2 * share, 1: 2 * share, 2: (m + 1) * share, 3: 3 * m * share}[lay.zero_stage]
 
 
-def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, mem: MemoryEstimate, *, dtype: str,
+def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, *, dtype: str,
               sequence_parallel: bool = True) -> StepTime:
-    """Seconds per optimizer step; `mem` is the layout's heaviest accelerator (for the optimizer update)."""
+    """Seconds per optimizer step of the layout's slowest stage."""
     per_stage = [_stage_micro_times(desc, lay, s, cluster, dtype, sequence_parallel) for s in {0, lay.pp - 1}]
     compute, tp_comm, pp_comm = max(per_stage, key=sum)
     m = lay.grad_accum
     n = max(stage_params(desc, lay.pp, s, lay.tp) for s in {0, lay.pp - 1})
     dp_gbps = network_gbps(cluster, spans_nodes(lay.world_size, cluster))
     dp_comm = dp_comm_bytes(n, lay, dtype) / (dp_gbps * 1e9 * cluster.comm_efficiency)
-    optimizer = 2 * (mem.params + mem.grads + mem.optimizer) / (cluster.hbm_gbps * 1e9)
+    # The update reads and writes the states of this rank's partition (all of them without ZeRO).
+    touched = model_state_bytes(n, lay.dp, 3 if lay.zero_stage >= 1 else 0, dtype).total
+    optimizer = 2 * touched / (cluster.hbm_gbps * 1e9)
     return StepTime(compute=m * compute, tp_comm=m * tp_comm, pp_comm=m * pp_comm,
                     bubble=(lay.pp - 1) * (compute + tp_comm + pp_comm), dp_comm=dp_comm, optimizer=optimizer)

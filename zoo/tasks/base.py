@@ -1,0 +1,85 @@
+"""What a model family plugs into the trainer: its data, its model (plain or pipelined, for
+this rank), its batches and its family-specific end-of-run metrics.
+
+The trainer owns the loop, the engine, logging and checkpoints; a task owns everything
+that differs between a GPT, a BERT and a CNN. Batches are addressed by a layout-free data
+position (samples consumed globally), so a run can change tp, pp or dp and continue.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from data_pipelines.schedule import SampleStream, micro_batch_start
+from zoo.config.schema import Config
+from zoo.parallel.topology import Layout
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+class Task:
+    """Base class: fixed-size samples read in the seeded, layout-free stream order."""
+
+    family = ""
+
+    def __init__(self, cfg: Config, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.stream: SampleStream | None = None
+
+    # -- set up ---------------------------------------------------------------------------
+    def prepare(self, run_dir: Path, rank: int) -> None:
+        """Load (building and caching if needed) the data; rank 0 saves what the run
+        directory needs (e.g. the tokenizer). Sets `self.stream` over the train samples."""
+        raise NotImplementedError
+
+    def build_model(self, layout: Layout, grid) -> nn.Module:
+        """This rank's model: plain and tensor-parallel, or this stage's PipelineModule."""
+        raise NotImplementedError
+
+    def plain_model(self) -> nn.Module:
+        """The single-device model (CPU), for loading consolidated weights."""
+        raise NotImplementedError
+
+    def num_params(self) -> int:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.family}-{self.cfg.model.size}"
+
+    # -- batches --------------------------------------------------------------------------
+    def collate(self, split: str, indices: np.ndarray) -> Batch:
+        """(inputs, labels) of the samples `indices` of `split` ('train' or 'eval')."""
+        raise NotImplementedError
+
+    def num_eval(self) -> int:
+        raise NotImplementedError
+
+    def tokens_per_sample(self) -> int:
+        """Tokens (or pixels' worth of samples: 1) one sample counts for throughput."""
+        return 1
+
+    def micro_batch(self, consumed: int, micro: int, *, micro_batch: int, global_batch: int,
+                    dp_rank: int, dp_size: int) -> Batch:
+        start = micro_batch_start(consumed, micro, global_batch=global_batch, micro_batch=micro_batch,
+                                  dp_rank=dp_rank, dp_size=dp_size)
+        return self._to_device(self.collate("train", self.stream.indices(start, micro_batch)))
+
+    def eval_batches(self, rounds: int, *, micro_batch: int, dp_rank: int, dp_size: int) -> List[Batch]:
+        """`rounds` held-out micro-batches for this rank; ranks take disjoint ones."""
+        per_round = micro_batch * dp_size
+        rounds = min(rounds, self.num_eval() // per_round)
+        return [self._to_device(self.collate("eval", np.arange(r * per_round + dp_rank * micro_batch,
+                                                               r * per_round + (dp_rank + 1) * micro_batch)))
+                for r in range(rounds)]
+
+    def _to_device(self, batch: Batch) -> Batch:
+        return tuple(t.to(self.device, non_blocking=True) for t in batch)
+
+    # -- the end of a run -----------------------------------------------------------------
+    def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
+        """Family metrics from the plain model with the consolidated weights (rank 0)."""
+        return {}

@@ -1,0 +1,94 @@
+"""The GPT task: a causal language model on packed token blocks of the embedded corpus."""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from data_pipelines.schedule import SampleStream
+from zoo.build import build_gpt, count_parameters
+from zoo.models import model_dims, padded_vocab
+from zoo.models.gpt import GPT
+from zoo.parallel.topology import Layout, tp_group
+from zoo.tasks.base import Batch, Task
+
+PROMPT = "The for statement"
+
+
+class GPTTask(Task):
+    family = "gpt"
+
+    def prepare(self, run_dir: Path, rank: int) -> None:
+        from transformers import AutoTokenizer
+
+        from data_pipelines.corpus import pydoc_documents
+        from data_pipelines.lm import load_packed_blocks, prepare_packed_blocks
+        from data_pipelines.tokenizer import load_tokenizer, train_gpt_tokenizer
+
+        cfg = self.cfg
+        docs = pydoc_documents()
+        source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
+        tok_dir = cfg.data.tokenizer or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key,
+                                                                 cfg.data.cache_dir))
+        block = model_dims(cfg.model, None).block_size
+        entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
+                                      source_key=source_key, cache_dir=cfg.data.cache_dir)
+        if rank == 0 and not (run_dir / "tokenizer").exists():
+            if os.path.isdir(tok_dir):
+                shutil.copytree(tok_dir, run_dir / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
+            else:
+                load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
+        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        self.blocks = load_packed_blocks(entry)
+        self.shape = model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
+        self.stream = SampleStream(len(self.blocks.train), cfg.trainer.seed)
+
+    def build_model(self, layout: Layout, grid) -> nn.Module:
+        cfg = self.cfg
+        build = dict(seed=cfg.trainer.seed, device=self.device, tp_group=tp_group(grid),
+                     sequence_parallel=cfg.parallel.sequence_parallel)
+        if layout.pp > 1:
+            from zoo.parallel.pipeline import gpt_pipeline
+
+            return gpt_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
+                                activation_checkpointing=cfg.model.activation_checkpointing, **build)
+        return build_gpt(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
+
+    def plain_model(self) -> nn.Module:
+        return GPT(self.shape)
+
+    def num_params(self) -> int:
+        return count_parameters(self.shape)
+
+    def tokens_per_sample(self) -> int:
+        return self.shape.block_size
+
+    def collate(self, split: str, indices: np.ndarray) -> Batch:
+        rows = self.blocks.train if split == "train" else self.blocks.eval
+        block = torch.from_numpy(np.asarray(rows[indices], dtype=np.int64))
+        return block[:, :-1], block[:, 1:]
+
+    def num_eval(self) -> int:
+        return len(self.blocks.eval)
+
+    @torch.no_grad()
+    def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
+        from data_pipelines.lm import unigram_perplexity
+
+        out: Dict[str, object] = {
+            "eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf"),
+            "unigram_perplexity": unigram_perplexity(self.blocks.train, self.blocks.eval, self.shape.vocab_size)}
+        n = self.cfg.trainer.sample_tokens
+        if n > 0:
+            ids = torch.tensor([self.tokenizer(PROMPT)["input_ids"]])
+            gen = model.generate(ids, n, generator=torch.Generator().manual_seed(self.cfg.trainer.seed))
+            out["sample"] = self.tokenizer.decode(gen[0].tolist())
+        return out
+
+
