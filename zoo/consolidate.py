@@ -26,8 +26,9 @@ def _zero3_gathered(params):
 
 @torch.no_grad()
 def full_parameters(module: nn.Module, tp_group=None, prefix: str = "") -> Dict[str, torch.Tensor]:
-    """Full fp32 CPU copies of every parameter of `module` (collective over the tp group
-    and, with ZeRO-3, the data-parallel group: every such rank must call it)."""
+    """Full fp32 CPU copies of every parameter of `module`, plus its persistent buffers as
+    they are (collective over the tp group and, with ZeRO-3, the data-parallel group: every
+    such rank must call it)."""
     named = list(module.named_parameters(prefix=prefix.rstrip(".")))
     out: Dict[str, torch.Tensor] = {}
     with _zero3_gathered([p for _, p in named]):
@@ -39,6 +40,10 @@ def full_parameters(module: nn.Module, tp_group=None, prefix: str = "") -> Dict[
                 dist.all_gather(parts, t.contiguous(), group=tp_group)
                 t = unshard_tensors(parts, spec.dim, spec.chunks)
             out[name] = t.float().cpu().clone()
+    persistent = {n for n, _ in module.named_buffers(prefix=prefix.rstrip("."))}
+    for name, b in module.state_dict(prefix=prefix).items():
+        if name in persistent and name not in out:  # buffers (e.g. BatchNorm running statistics)
+            out[name] = b.detach().cpu().clone()
     return out
 
 
