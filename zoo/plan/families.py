@@ -81,10 +81,12 @@ class ModelDesc:
     layers: Tuple[Piece, ...]
     """The repeated layers, in order; pipeline stages take contiguous runs of them."""
     head: Piece
-    """The output end (last pipeline stage): final norm, output projection, loss."""
-    tied_head_params: int
-    """Parameters the head shares with the embedding (tied weights): counted once when both
-    ends sit on one stage, on each end's stage otherwise (DeepSpeed keeps a tied copy per stage)."""
+    """The output end (last pipeline stage): final norm, output projection, loss; its
+    parameters exclude a projection tied to the embedding."""
+    head_ties_embedding: bool
+    """The output projection is the embedding's weight. With pp > 1 the last stage builds
+    its own copy of the whole input-end piece (zoo's pipeline ties them with a DeepSpeed
+    TiedLayerSpec), so it holds the embedding's parameters too."""
     tokens_per_sample: int
     """Tokens per sample (the context length)."""
     hidden_size: int
@@ -101,8 +103,7 @@ class ModelDesc:
 
     @property
     def num_params(self) -> int:
-        pieces = (self.embedding, *self.layers, self.head)
-        return sum(p.params.total for p in pieces) - self.tied_head_params
+        return sum(p.params.total for p in (self.embedding, *self.layers, self.head))
 
 
 def gpt_layer_activations(h: int, n_head: int, seq: int, ffn: int, *, dropout: bool,
@@ -151,18 +152,18 @@ def describe_gpt(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
                       activations=Activations(sp_bytes=h if dropout else 0),
                       checkpoint=Activations(sp_bytes=h if dropout else 0), fwd_flops_per_token=0,
                       tp_allreduce_elems_per_token=h)  # the vocab-parallel lookup's sum (forward)
-    # ln_f input and lm_head input (h each), the logits (V/tp in the dtype) and the loss's
-    # float32 softmax over them (V/tp * 4 bytes, Korthikanti's 4sbv/t).
-    head = Piece(params=ParamCount(sharded=v * h, replicated=2 * h),
+    # ln_f (lm_head is wte). Kept: ln_f and lm_head inputs (h each), the logits (V/tp in the
+    # dtype) and the loss's float32 softmax over them (V/tp * 4 bytes, Korthikanti's 4sbv/t).
+    head = Piece(params=ParamCount(replicated=2 * h),
                  activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
                  checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
                  fwd_flops_per_token=2 * v * h,
                  tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward); the loss's are scalars
     vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
-    overrides = [f"{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
-                 if getattr(cfg, k) is not None]
-    return ModelDesc(name=f"gpt {cfg.size}" + (f" [{', '.join(overrides)}]" if overrides else ""), embedding=embedding, layers=(layer,) * d.n_layer, head=head,
-                     tied_head_params=v * h, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h),
+    overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+                          if getattr(cfg, k) is not None)
+    return ModelDesc(name=f"gpt {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
+                     layers=(layer,) * d.n_layer, head=head, head_ties_embedding=True, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h),
                      tp_divides={"model.n_head": a, "the FFN width": f,
                                  vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})
 

@@ -44,17 +44,18 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
 def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_size: int = GPT2_VOCAB,
                 mem_fraction: float = 0.8) -> Optional[str]:
     """A warning when training `cfg` with `layout` is predicted not to fit a device; None when it fits."""
-    t = cfg.trainer
-    accum = max(1, t.global_batch_size // (t.micro_batch_size * layout.dp))
-    fits, mem = predict_fit(cfg.model, layout, t.micro_batch_size, cfg.precision.dtype, device_mem_bytes,
-                            grad_accum=accum, sequence_parallel=cfg.parallel.sequence_parallel,
+    from zoo.engine import micro_batching
+
+    micro, accum = micro_batching(cfg, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
+    fits, mem = predict_fit(cfg.model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
+                            grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction)
     if fits:
         return None
     parts = ", ".join(f"{k} {mem[k] / 1e9:.1f}" for k in ("params", "grads", "optimizer", "activations", "buffers"))
     return (f"predicted {mem['total'] / 1e9:.1f} GB per device ({parts}) is more than {mem_fraction:.0%} of the "
             f"{device_mem_bytes / 1e9:.1f} GB device ({mem['limit'] / 1e9:.1f} GB) for layout {layout.name} with "
-            f"trainer.micro_batch_size={t.micro_batch_size}, precision={cfg.precision.dtype}, "
+            f"micro-batch {micro} x {accum}, precision={cfg.precision.dtype}, "
             f"model.activation_checkpointing={cfg.model.activation_checkpointing}; lower the micro-batch, turn on "
             f"activation checkpointing, raise parallel.zero_stage, or run `python -m zoo.plan` for a layout that fits")
 

@@ -82,9 +82,10 @@ def stage_pieces(desc: ModelDesc, pp: int, stage: int) -> List[Piece]:
 
 
 def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
-    """Parameters one tp rank of `stage` holds (a tied weight counts once when both ends are on it)."""
-    shared = desc.tied_head_params / tp if pp == 1 else 0
-    return sum(p.params.per_rank(tp) for p in stage_pieces(desc, pp, stage)) - shared
+    """Parameters one tp rank of `stage` holds; the last of several stages also holds its copy
+    of a tied embedding."""
+    tied_copy = desc.embedding.params.per_rank(tp) if desc.head_ties_embedding and 0 < stage == pp - 1 else 0
+    return sum(p.params.per_rank(tp) for p in stage_pieces(desc, pp, stage)) + tied_copy
 
 
 def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, sequence_parallel: bool,

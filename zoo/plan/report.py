@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import List, Optional
 
-from zoo.plan.families import ModelDesc
 from zoo.plan.layout import stage_layer_counts
 from zoo.plan.memory import model_state_bytes
 from zoo.plan.search import GB, Candidate, Plan
@@ -142,8 +141,10 @@ def render_text(p: Plan) -> str:
                f"activation_checkpointing={str(lay.activation_checkpointing).lower()}")
     out.append(f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s; "
                "step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items() if k != "total"))
+    batch = (f"parallel.num_microbatches={lay.grad_accum}" if lay.pp > 1  # the engine derives the micro-batch
+             else f"trainer.micro_batch_size={lay.micro_batch_size}")
     out.append(f"  train with: parallel.tp={lay.tp} parallel.pp={lay.pp} parallel.zero_stage={lay.zero_stage} "
-               f"trainer.micro_batch_size={lay.micro_batch_size} trainer.global_batch_size={p.global_batch_size} "
+               f"{batch} trainer.global_batch_size={p.global_batch_size} "
                f"model.activation_checkpointing={str(lay.activation_checkpointing).lower()}"
                + (" parallel.sequence_parallel=true" if lay.tp > 1 and p.plan.sequence_parallel else ""))
     out += ["", "Why:"] + [f"- {r}" for r in reasons(p)]

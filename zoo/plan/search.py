@@ -5,7 +5,8 @@ tp: the divisors of the node's accelerators that divide every size the model lis
 number of layers, where tp*pp divides the world (the layers need not divide evenly: the
 first stages take one more). dp: the rest. ZeRO 0-3 when dp > 1, only 0-1 with pp > 1
 (DeepSpeed's pipeline engine supports ZeRO-1 at most). Micro-batch sizes whose product
-with dp divides the global batch; the accumulation is global / (micro * dp). Activation
+with dp divides the global batch; the accumulation is global / (micro * dp), at least pp
+with a pipeline (zoo.validate: a micro-batch per stage in flight). Activation
 checkpointing off and on. What fits in mem_fraction of the device is ranked by step time;
 equal times go to the simpler layout (fewer model-parallel ranks, lower ZeRO stage, no
 recomputation, larger micro-batch). The recommendation is the fastest, or a pure
@@ -57,7 +58,7 @@ def estimate(desc: ModelDesc, layout: PlanLayout, cluster: ClusterConfig, *, dty
                         bucket_elems=plan.zero_bucket_elems)
     time = step_time(desc, layout, cluster, dtype=dtype, sequence_parallel=plan.sequence_parallel)
     tokens = layout.dp * layout.micro_batch_size * layout.grad_accum * desc.tokens_per_sample
-    return Candidate(layout=layout, mem=mem, time=time, fits=mem.total <= plan.mem_fraction * cluster.gpu_mem_gb * 1e9,
+    return Candidate(layout=layout, mem=mem, time=time, fits=mem.total <= plan.mem_fraction * cluster.gpu_mem_gb * GB,
                      tokens_per_s=tokens / time.total)
 
 
@@ -84,7 +85,8 @@ def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, pla
         dps.add(dp)
         stages = [z for z in plan.zero_stages if (dp > 1 or z == 0) and (pp == 1 or z <= 1)]
         for micro in plan.micro_batch_sizes:
-            if global_batch_size % (micro * dp):
+            # zoo's pipeline runs at least pp micro-batches per step (zoo.validate)
+            if global_batch_size % (micro * dp) or (pp > 1 and global_batch_size // (micro * dp) < pp):
                 continue
             out.extend(PlanLayout(tp=tp, pp=pp, dp=dp, zero_stage=z, micro_batch_size=micro,
                                   grad_accum=global_batch_size // (micro * dp), activation_checkpointing=ckpt)

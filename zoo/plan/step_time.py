@@ -24,7 +24,7 @@ Nothing is assumed to overlap: communication adds to compute.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from zoo.plan.families import ModelDesc, Piece
 from zoo.plan.layout import PlanLayout
@@ -93,7 +93,7 @@ def network_gbps(cluster: ClusterConfig, crosses_nodes: bool) -> float:
 
 
 def _stage_micro_times(desc: ModelDesc, lay: PlanLayout, stage: int, cluster: ClusterConfig, dtype: str,
-                       sequence_parallel: bool) -> tuple:
+                       sequence_parallel: bool) -> Tuple[float, float, float]:
     """(compute, tp communication, pp communication) seconds of one micro-batch on `stage`."""
     elt = DTYPE_BYTES[dtype]
     tokens = lay.micro_batch_size * desc.tokens_per_sample

@@ -1,0 +1,123 @@
+"""What the planner enumerates and recommends, and the fit check training calls."""
+from __future__ import annotations
+
+import pytest
+
+from zoo.config.schema import Config, ModelConfig
+from zoo.parallel.topology import Layout
+from zoo.plan import (ClusterConfig, PlanConfig, describe_model, enumerate_layouts, estimate, fit_warning,
+                      predict_fit, recommend)
+from zoo.plan.layout import PlanLayout
+
+A100 = dict(name="dgx-a100", gpus_per_node=8, gpu_mem_gb=80, peak_tflops=312, fp32_tflops=156, hbm_gbps=2039,
+            intra_node_gbps=300, inter_node_gbps=200, mfu=0.5, comm_efficiency=0.7)
+
+
+def gpt(size, **kw):
+    return describe_model(ModelConfig(family="gpt", size=size, **kw), 50257)
+
+
+@pytest.fixture(scope="module")
+def gpt3_on_64_nodes():
+    return enumerate_layouts(gpt("gpt3-175b"), ClusterConfig(nodes=64, **A100), 1536)
+
+
+def test_gpt3_175b_on_64_dgx_a100_nodes_uses_tp8_inside_the_node(gpt3_on_64_nodes):
+    best = recommend(gpt3_on_64_nodes)
+    assert best.layout.tp == 8 and best.layout.pp > 1 and best.fits
+    assert best.layout.world_size == 512
+    assert best.layout.micro_batch_size * best.layout.grad_accum * best.layout.dp == 1536
+
+
+def test_gpt2_small_on_one_node_is_pure_data_parallel():
+    best = recommend(enumerate_layouts(gpt("small"), ClusterConfig(nodes=1, **A100), 512))
+    assert (best.layout.tp, best.layout.pp, best.layout.dp) == (1, 1, 8)
+
+
+def test_enumeration_respects_deepspeed_and_the_batch(gpt3_on_64_nodes):
+    for c in gpt3_on_64_nodes:
+        lay = c.layout
+        assert lay.pp == 1 or lay.zero_stage <= 1, "DeepSpeed's pipeline engine supports ZeRO-1 at most"
+        assert lay.dp > 1 or lay.zero_stage == 0
+        assert lay.micro_batch_size * lay.grad_accum * lay.dp == 1536
+        assert lay.tp in (1, 2, 4, 8) and 96 % lay.tp == 0
+    fits = [c.fits for c in gpt3_on_64_nodes]
+    assert fits == sorted(fits, reverse=True), "fitting candidates come first"
+    times = [c.time.total for c in gpt3_on_64_nodes if c.fits]
+    assert times == sorted(times)
+    assert any(not c.fits for c in gpt3_on_64_nodes)
+
+
+def test_uneven_pipeline_stages_are_allowed():
+    lays = {c.layout.pp for c in enumerate_layouts(gpt("small"), ClusterConfig(nodes=1, gpus_per_node=5, name="x"), 10)}
+    assert 5 in lays  # 12 layers over 5 stages: [3, 3, 2, 2, 2]
+
+
+def test_memory_falls_with_zero_stage_and_checkpointing():
+    desc, cluster = gpt("gpt3-6.7b"), ClusterConfig(nodes=2, **A100)
+    totals = [estimate(desc, PlanLayout(tp=1, pp=1, dp=16, zero_stage=z, micro_batch_size=1, grad_accum=4), cluster)
+              .mem for z in range(4)]
+    states = [m.params + m.grads + m.optimizer for m in totals]
+    assert states == sorted(states, reverse=True) and states[3] < states[0] / 10
+    off, on = (estimate(desc, PlanLayout(tp=1, pp=1, dp=16, zero_stage=3, micro_batch_size=4, grad_accum=1,
+                                         activation_checkpointing=ckpt), cluster) for ckpt in (False, True))
+    assert on.mem.activations < off.mem.activations / 5
+    assert on.time.compute > off.time.compute  # one more forward
+
+
+def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
+    c = estimate(gpt("gpt3-13b"), PlanLayout(tp=8, pp=4, dp=1, micro_batch_size=1, grad_accum=12),
+                 ClusterConfig(nodes=4, **A100))
+    per_slot = (c.time.compute + c.time.tp_comm + c.time.pp_comm) / 12
+    assert c.time.bubble == pytest.approx(3 * per_slot)
+    assert c.time.bubble / (c.time.bubble + 12 * per_slot) == pytest.approx(3 / 15)
+
+
+def test_predict_fit():
+    tiny = ModelConfig(family="gpt", size="tiny")
+    fits, mem = predict_fit(tiny, Layout(tp=1, pp=1, dp=2), micro_batch=8, dtype="fp32", device_mem_bytes=80e9)
+    assert fits and set(mem) == {"params", "grads", "optimizer", "activations", "buffers", "total", "limit"}
+    assert mem["total"] == sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "buffers"))
+    big = ModelConfig(family="gpt", size="gpt3-175b")
+    fits, mem = predict_fit(big, Layout(tp=1, pp=1, dp=8), micro_batch=1, dtype="bf16", device_mem_bytes=80e9)
+    assert not fits and mem["total"] > mem["limit"] == 64e9
+
+
+def test_fit_warning_names_the_layout_and_the_fixes():
+    cfg = Config(model=ModelConfig(family="gpt", size="gpt3-13b"))
+    cfg.precision.dtype, cfg.trainer.micro_batch_size, cfg.trainer.global_batch_size = "bf16", 8, 64
+    msg = fit_warning(cfg, Layout(tp=1, pp=1, dp=8), device_mem_bytes=80e9)
+    assert msg.startswith("predicted ") and "more than 80% of the 80.0 GB device (64.0 GB)" in msg
+    assert "tp1-pp1-dp8_zero0" in msg and "micro-batch 8 x 1" in msg and "python -m zoo.plan" in msg
+    cfg.model.size = "tiny"
+    assert fit_warning(cfg, Layout(tp=1, pp=1, dp=8), device_mem_bytes=80e9) is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(device_mem_bytes=0), "device_mem_bytes=0 must be positive"),
+    (dict(micro_batch=0), "micro_batch=0 and grad_accum=1 must be >= 1"),
+])
+def test_predict_fit_bad_inputs(kwargs, message):
+    args = dict(model_cfg=ModelConfig(family="gpt", size="tiny"), layout=Layout(tp=1, pp=1, dp=1), micro_batch=1,
+                dtype="bf16", device_mem_bytes=80e9)
+    with pytest.raises(ValueError, match=message):
+        predict_fit(**{**args, **kwargs})
+
+
+def test_unknown_family_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"model.family='bert' has no planner description; the planner knows \['gpt'\]"):
+        describe_model(ModelConfig(family="bert"), 30522)
+
+
+def test_batch_that_no_layout_divides():
+    with pytest.raises(ValueError, match=r"trainer.global_batch_size=7 is not a multiple of micro_batch \* dp for any "
+                                         r"layout tried \(dp in \[1, 2\], micro-batch in \[2\]\); set it to a multiple "
+                                         r"of 2, e.g. 8"):
+        enumerate_layouts(gpt("tiny"), ClusterConfig(nodes=1, gpus_per_node=2, name="cpu"), 7,
+                          plan=PlanConfig(micro_batch_sizes=[2]))
+
+
+def test_no_grid_for_the_pinned_tp():
+    with pytest.raises(ValueError, match=r"no tp x pp grid fits 1 node\(s\) x 8 GPUs with plan.tp=\[3\] and "
+                                         r"plan.pp=None; tp must be among \[1, 2, 4\]"):
+        enumerate_layouts(gpt("small"), ClusterConfig(nodes=1, **A100), 64, plan=PlanConfig(tp=[3]))
