@@ -77,8 +77,10 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     try:
         launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s)
     except ChildFailedError as err:
-        first = err.get_first_failure()[1]
-        print(f"zoo: rank {first.global_rank} failed (exit code {first.exitcode}):\n{first.message}",
+        rank, first = err.get_first_failure()
+        if first.exitcode == 2:  # a user mistake the rank already reported in one line
+            sys.exit(2)
+        print(f"zoo: rank {rank} failed first (exit code {first.exitcode}):\n{first.message}",
               file=sys.stderr, flush=True)
         sys.exit(1)
 

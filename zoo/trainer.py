@@ -11,11 +11,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zoo import checkpoint
 from zoo.config.schema import Config
 from zoo.consolidate import consolidated_state_dict
 from zoo.engine import initialize_engine, micro_batching
 from zoo.metrics import RunLog, peak_memory_bytes
 from zoo.parallel.topology import Layout
+from zoo.signals import StopRequest
 from zoo.tasks.base import Task
 
 
@@ -32,8 +34,33 @@ class Trainer:
         self.dp_group = grid.get_data_parallel_group()
         self.step = 0
         self.consumed = 0  # samples, globally: the layout-free data position
+        self.meta = {"family": cfg.model.family, "shape": task.model_meta(),
+                     "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage}}
+        self.ckpt_root = run_dir / "checkpoints"
+        self.resumed_from = self._resume() if cfg.resume else None
+        self.stop = StopRequest().install()
         self.log = RunLog(run_dir, active=self.rank == 0, total_steps=cfg.trainer.max_steps,
-                          progress=cfg.trainer.progress)
+                          progress=cfg.trainer.progress, start_step=self.step)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _resume(self):
+        path = checkpoint.resolve(self.cfg.resume, self.run_dir)
+        if path is None:
+            if self.rank == 0:
+                print("zoo: resume=auto: no checkpoint in this run directory yet; starting fresh", flush=True)
+            return None
+        checkpoint.check_compatible(checkpoint.read_state(path), self.meta, path)
+        state = checkpoint.load(self.engine, self.grid, path)
+        self.step, self.consumed = state["step"], state["consumed"]
+        if self.rank == 0:
+            was = state.get("layout", {})
+            print(f"zoo: resumed from {path} at step {self.step} (written under tp{was.get('tp')}-pp{was.get('pp')}"
+                  f"-dp{was.get('dp')}_zero{was.get('zero_stage')})", flush=True)
+        return path
+
+    def save_checkpoint(self) -> Path:
+        return checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
+                               meta=self.meta, keep=self.cfg.checkpoint.keep)
 
     # -- steps ------------------------------------------------------------------------------
     def micro_batches(self):
@@ -104,7 +131,15 @@ class Trainer:
                                "peak_mem_bytes": peak_memory_bytes(self.device)})
                 window_start, window_steps = time.perf_counter(), 0
             self.log.advance(1, None if math.isnan(loss) else loss)
+            if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0:
+                self.save_checkpoint()
+            received = self.stop.agreed(self.device)
+            if received:
+                self._stop_on_signal(received)
         self.log.close()
+        final_checkpoint = self.cfg.checkpoint.every or t.max_steps == 0  # max_steps=0: convert/evaluate
+        if final_checkpoint and not (self.ckpt_root / f"step_{self.step:07d}").exists():
+            self.save_checkpoint()
         eval_loss = self.evaluate()
         extras = self.finish(eval_loss)
         local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
@@ -119,6 +154,17 @@ class Trainer:
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
             "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started})
+
+    def _stop_on_signal(self, received: int) -> None:
+        """Checkpoint (when checkpointing is on, and always for Slurm's SIGUSR1) and exit."""
+        name = StopRequest.name(received)
+        if self.cfg.checkpoint.every or received == 3:
+            path = self.save_checkpoint()
+            self.log.write(f"zoo: {name} received: stopped after step {self.step}, checkpoint {path}")
+        else:
+            self.log.write(f"zoo: {name} received: stopped after step {self.step} (checkpointing is off)")
+        self.log.close()
+        raise SystemExit(StopRequest.exit_code(received))
 
     def finish(self, eval_loss: float) -> dict:
         """Consolidate the weights (collective), save them and compute the family's metrics

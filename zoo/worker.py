@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -88,7 +89,14 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     task = TASKS[cfg.model.family](cfg, device)
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
-    trainer = Trainer(cfg, layout, grid, task, run_path, device)
+    from zoo.checkpoint import CheckpointError
+
+    try:
+        trainer = Trainer(cfg, layout, grid, task, run_path, device)
+    except CheckpointError as err:  # a user mistake, reported like a config error
+        if rank == 0:
+            print(f"zoo: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     try:
         trainer.fit()
     finally:

@@ -47,6 +47,10 @@ class Task:
     def num_params(self) -> int:
         raise NotImplementedError
 
+    def model_meta(self) -> dict:
+        """What a checkpoint must match to load into this model (family dimensions)."""
+        raise NotImplementedError
+
     def describe(self) -> str:
         return f"{self.family}-{self.cfg.model.size}"
 

@@ -60,6 +60,11 @@ class GPTTask(Task):
                                 activation_checkpointing=cfg.model.activation_checkpointing, **build)
         return build_gpt(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
 
+    def model_meta(self) -> dict:
+        s = self.shape
+        return {"n_layer": s.n_layer, "n_head": s.n_head, "n_embd": s.n_embd, "block_size": s.block_size,
+                "vocab_size": s.vocab_size, "ffn_mult": s.ffn_mult}
+
     def plain_model(self) -> nn.Module:
         return GPT(self.shape)
 

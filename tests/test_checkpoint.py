@@ -1,0 +1,128 @@
+"""Checkpoints: exact resume (also after kill -9), resume on another layout, atomic writes,
+and refusing a checkpoint of another model."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipelines.schedule import SampleStream, micro_batch_start
+from tests.conftest import REPO
+
+FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
+        "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
+
+
+def losses_by_step(run) -> dict:
+    return {m["step"]: m["loss"] for m in run.metrics}
+
+
+def test_exact_resume_is_bitwise(run_zoo, tmp_path):
+    full = run_zoo(*FAST, "trainer.max_steps=6")
+    run_dir = tmp_path / "resumed"
+    run_zoo(*FAST, "trainer.max_steps=3", "checkpoint.every=3", run_dir=run_dir)
+    resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=3", "resume=auto", run_dir=run_dir)
+    assert "resumed from" in resumed.stdout
+    assert losses_by_step(resumed) == losses_by_step(full)  # steps 1-3 before, 4-6 after: identical floats
+
+
+def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache):
+    steps = ["trainer.max_steps=40", "checkpoint.every=1", "checkpoint.keep=2"]
+    full = run_zoo(*FAST, "trainer.max_steps=40")
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, *steps],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (latest.exists() and latest.read_text().strip() >= "step_0000005"):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-training, possibly mid-save
+    proc.wait()
+    assert latest.exists(), "no checkpoint was written before the kill"
+    killed_at = int(latest.read_text().strip().split("_")[1])
+    assert killed_at < 40, "the run finished before it was killed"
+    resumed = run_zoo(*FAST, *steps, "resume=auto", run_dir=run_dir)
+    assert f"at step {killed_at}" in resumed.stdout
+    assert losses_by_step(resumed) == losses_by_step(full)
+
+
+def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path):
+    run_dir = tmp_path / "partial"
+    run_zoo(*FAST, "trainer.max_steps=2", "checkpoint.every=2", run_dir=run_dir)
+    ckpts = run_dir / "checkpoints"
+    # What a kill during the write of step 3 leaves: a temporary directory, latest unmoved.
+    partial = ckpts / ".step_0000003.tmp"
+    shutil.copytree(ckpts / "step_0000002", partial)
+    (partial / "model-000.safetensors").write_bytes(b"truncated")
+    (partial / "state.json").unlink()
+    resumed = run_zoo(*FAST, "trainer.max_steps=4", "checkpoint.every=2", "resume=auto", run_dir=run_dir)
+    assert "at step 2" in resumed.stdout and resumed.summary["steps"] == 4
+
+
+# Layout changes: (written under, resumed under). Each resumed run continues within 1e-5
+# relative of the uninterrupted single-process run.
+LAYOUTS = [
+    (["parallel=tp"], ["parallel=ddp"]),                                   # tp 2 -> 1
+    (["parallel=pp", "parallel.num_microbatches=4"], ["parallel=ddp"]),    # pp 2 -> 1
+    (["parallel=zero1"], ["parallel=ddp"]),                                # dp 2 -> 1
+    (["parallel=ddp"], ["parallel=zero1"]),                                # dp 1 -> 2
+    (["parallel=zero1"], ["parallel=zero3"]),                              # ZeRO 1 -> 3
+    (["parallel=3d", "parallel.num_microbatches=4", "parallel.dp=1"], ["parallel=zero2", "parallel.dp=4"]),
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(run_zoo):
+    return run_zoo(*FAST, "trainer.max_steps=6")
+
+
+@pytest.mark.parametrize("before, after", LAYOUTS, ids=lambda v: "+".join(v))
+def test_resume_on_another_layout(run_zoo, uninterrupted, tmp_path, before, after):
+    run_dir = tmp_path / "layout"
+    run_zoo(*FAST, *before, "trainer.max_steps=3", "checkpoint.every=3", run_dir=run_dir)
+    resumed = run_zoo(*FAST, *after, "trainer.max_steps=6", "checkpoint.every=3", "resume=auto", run_dir=run_dir)
+    assert "at step 3" in resumed.stdout
+    got, ref = losses_by_step(resumed), losses_by_step(uninterrupted)
+    torch.testing.assert_close(torch.tensor([got[s] for s in (4, 5, 6)]), torch.tensor([ref[s] for s in (4, 5, 6)]),
+                               rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("dp_before, dp_after", [(2, 1), (1, 2), (2, 4), (4, 2)])
+def test_data_position_carries_over_sample_by_sample(dp_before, dp_after):
+    """The samples of every step are the same whichever dp wrote the position: none twice, none skipped."""
+    stream, global_batch, micro = SampleStream(1000, seed=3), 16, 2
+
+    def step_samples(consumed, dp):
+        out = []
+        for rank in range(dp):
+            for m in range(global_batch // (micro * dp)):
+                start = micro_batch_start(consumed, m, global_batch=global_batch, micro_batch=micro,
+                                          dp_rank=rank, dp_size=dp)
+                out.extend(stream.indices(start, micro))
+        return out
+
+    before = [s for step in range(5) for s in step_samples(step * global_batch, dp_before)]
+    after = [s for step in range(5, 70) for s in step_samples(step * global_batch, dp_after)]
+    seen = before + after  # 70 steps of 16 = 1120 samples: the first epoch (1000) then 120 more
+    assert sorted(seen[:1000]) == list(range(1000))
+    assert seen == list(stream.indices(0, 1120))
+
+
+def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path):
+    run_dir = tmp_path / "other"
+    run_zoo(*FAST, "trainer.max_steps=1", "checkpoint.every=1", run_dir=run_dir)
+    bad = run_zoo(*FAST, "trainer.max_steps=2", "model.n_layer=2", "resume=auto", run_dir=run_dir, check=False)
+    assert bad.returncode == 2, bad.stderr
+    assert "n_layer" in bad.stderr and "Traceback" not in bad.stderr
+    state = json.loads((run_dir / "checkpoints" / "step_0000001" / "state.json").read_text())
+    assert state["shape"]["n_layer"] == 4

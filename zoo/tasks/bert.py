@@ -1,0 +1,133 @@
+"""The BERT task: masked-language modelling on sentence-pair samples of the embedded corpus."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from data_pipelines.schedule import micro_batch_start
+from zoo.build import build_model, count_parameters
+from zoo.engine import micro_batching
+from zoo.models import model_dims, padded_vocab
+from zoo.models.bert import BertForMaskedLM
+from zoo.parallel.topology import Layout, tp_group
+from zoo.tasks.base import Batch, Task
+
+
+class BertTask(Task):
+    family = "bert"
+
+    def prepare(self, run_dir: Path, rank: int) -> None:
+        from transformers import AutoTokenizer
+
+        from data_pipelines.corpus import pydoc_documents
+        from data_pipelines.mlm import BucketedStream, MLMBatches, load_mlm_samples, prepare_mlm_samples
+        from data_pipelines.tokenizer import save_tokenizer, train_bert_tokenizer
+
+        cfg = self.cfg
+        docs = pydoc_documents()
+        source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
+        tok_dir = cfg.data.tokenizer or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key,
+                                                                 cfg.data.cache_dir))
+        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        missing = [k for k in ("mask_token", "pad_token", "cls_token", "sep_token") if getattr(self.tokenizer, k) is None]
+        if missing:
+            raise ValueError(f"data.tokenizer={tok_dir!r} has no {', '.join(missing)}; masked-LM training needs "
+                             f"BERT's special tokens (leave data.tokenizer null to train a WordPiece one)")
+        entry = prepare_mlm_samples(docs, tok_dir, block_size=model_dims(cfg.model, None).block_size,
+                                    eval_fraction=cfg.data.eval_fraction, source_key=source_key,
+                                    cache_dir=cfg.data.cache_dir)
+        if rank == 0:
+            save_tokenizer(tok_dir, run_dir / "tokenizer")
+        self.samples = load_mlm_samples(entry)
+        self.shape = model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model),
+                                pad_token_id=self.tokenizer.pad_token_id)
+        self.batches = MLMBatches(self.samples, self.tokenizer, seed=cfg.trainer.seed,
+                                  mlm_probability=cfg.data.mlm_probability)
+        self.train_lengths = self.samples.lengths[self.samples.train]
+        self.stream = BucketedStream(self.train_lengths, global_batch=cfg.trainer.global_batch_size,
+                                     seed=cfg.trainer.seed)
+
+    def build_model(self, layout: Layout, grid) -> nn.Module:
+        cfg = self.cfg
+        self.layout = layout
+        build = dict(seed=cfg.trainer.seed, device=self.device, tp_group=tp_group(grid))
+        if layout.pp > 1:
+            from zoo.parallel.pipeline import bert_pipeline
+
+            return bert_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
+                                 activation_checkpointing=cfg.model.activation_checkpointing, **build)
+        return build_model(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
+
+    def plain_model(self) -> nn.Module:
+        return BertForMaskedLM(self.shape)
+
+    def num_params(self) -> int:
+        return count_parameters(self.shape)
+
+    def model_meta(self) -> dict:
+        s = self.shape
+        return {"n_layer": s.n_layer, "n_head": s.n_head, "n_embd": s.n_embd, "block_size": s.block_size,
+                "vocab_size": s.vocab_size, "ffn_mult": s.ffn_mult}
+
+    def tokens_per_sample(self) -> int:
+        """Real (unpadded) tokens of the average training sample."""
+        return int(round(float(self.train_lengths.mean())))
+
+    # -- batches ------------------------------------------------------------------------------
+    def collate(self, split: str, indices: np.ndarray) -> Batch:
+        numbers = (self.samples.train if split == "train" else self.samples.eval)[indices]
+        return self.batches.batch(numbers, split=split)
+
+    def micro_batch(self, consumed: int, micro: int, *, micro_batch: int, global_batch: int,
+                    dp_rank: int, dp_size: int) -> Batch:
+        """As the base class, with the stream's epoch of each sample: masks change per epoch."""
+        start = micro_batch_start(consumed, micro, global_batch=global_batch, micro_batch=micro_batch,
+                                  dp_rank=dp_rank, dp_size=dp_size)
+        numbers = self.samples.train[self.stream.indices(start, micro_batch)]
+        return self._to_device(self.batches.batch(numbers, split="train",
+                                                  epochs=self.stream.epochs(start, micro_batch)))
+
+    def num_eval(self) -> int:
+        return len(self.samples.eval)
+
+    # -- the end of a run ---------------------------------------------------------------------
+    def _micro_and_dp(self) -> tuple[int, int]:
+        return micro_batching(self.cfg, self.layout)[0], self.layout.dp
+
+    def padding_efficiency(self) -> float:
+        """Real tokens / padded slots over every training micro-batch of the run."""
+        from data_pipelines.sampler import padding_efficiency
+
+        micro = self._micro_and_dp()[0]
+        starts = range(0, self.cfg.trainer.max_steps * self.cfg.trainer.global_batch_size, micro)
+        return padding_efficiency((self.stream.indices(s, micro) for s in starts), self.train_lengths)
+
+    @torch.no_grad()
+    def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
+        """Masked-token accuracy on the held-out samples the trainer evaluated, the accuracy of
+        always predicting the most frequent training token there, and the padding efficiency."""
+        micro, dp = self._micro_and_dp()
+        per_round = micro * dp
+        count = min(self.cfg.trainer.eval_batches, self.num_eval() // per_round) * per_round
+        ids = np.asarray(self.samples.ids)
+        counts = np.bincount(np.concatenate([ids[self.samples.offsets[i]:self.samples.offsets[i + 1]]
+                                             for i in self.samples.train]), minlength=self.shape.vocab_size)
+        counts[self.tokenizer.all_special_ids] = 0
+        most_frequent = int(counts.argmax())
+        correct = baseline = total = 0
+        for start in range(0, count, micro):
+            inputs, labels = self.collate("eval", np.arange(start, min(start + micro, count)))
+            selected = labels != -100
+            predicted = model(inputs).argmax(-1)
+            correct += int((predicted == labels)[selected].sum())
+            baseline += int((labels[selected] == most_frequent).sum())
+            total += int(selected.sum())
+        out: Dict[str, object] = {"padding_efficiency": self.padding_efficiency() if self.cfg.trainer.max_steps else 1.0}
+        if total:
+            out.update(eval_accuracy=correct / total, baseline_accuracy=baseline / total, eval_masked_tokens=total,
+                       baseline_token=self.tokenizer.convert_ids_to_tokens(most_frequent))
+        return out

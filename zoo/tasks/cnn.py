@@ -1,0 +1,87 @@
+"""The CNN task: a ResNet image classifier (digits by default, image folders, HF image datasets)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from data_pipelines.schedule import SampleStream
+from zoo.build import build_model, count_parameters
+from zoo.engine import micro_batching
+from zoo.models.cnn import ResNet, cnn_shape
+from zoo.parallel.topology import Layout
+from zoo.tasks.base import Batch, Task
+
+
+def load_images(data):
+    from data_pipelines import images
+
+    if data.name == "digits":
+        return images.load_digits(data.eval_fraction)
+    if data.name == "files":
+        return images.load_image_folder(data.path, data.eval_fraction, data.image_size)
+    return images.load_hub_images(data.path, data.eval_fraction, image_column=data.image_column,
+                                  label_column=data.label_column, image_size=data.image_size)
+
+
+class CNNTask(Task):
+    family = "cnn"
+
+    def prepare(self, run_dir: Path, rank: int) -> None:
+        cfg = self.cfg
+        self.data = load_images(cfg.data)
+        d = self.data
+        self.shape = cnn_shape(cfg.model.size, in_channels=d.in_channels, num_classes=d.num_classes,
+                               image_size=d.image_size)
+        self.stream = SampleStream(len(d.train_y), cfg.trainer.seed)
+        if rank == 0:
+            (run_dir / "classes.json").write_text(json.dumps(d.classes) + "\n")
+
+    def build_model(self, layout: Layout, grid) -> nn.Module:
+        cfg = self.cfg
+        self.layout = layout
+        # BatchNorm statistics are synchronised over the data-parallel replicas.
+        build = dict(seed=cfg.trainer.seed, device=self.device,
+                     dp_group=grid.get_data_parallel_group() if layout.dp > 1 else None)
+        if layout.pp > 1:
+            from zoo.parallel.pipeline import cnn_pipeline
+
+            return cnn_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method, **build)
+        return build_model(self.shape, **build)
+
+    def plain_model(self) -> nn.Module:
+        return ResNet(self.shape)
+
+    def num_params(self) -> int:
+        return count_parameters(self.shape)
+
+    def model_meta(self) -> dict:
+        s = self.shape
+        return {"size": self.cfg.model.size, "block": s.block, "layers": list(s.layers), "widths": list(s.widths),
+                "in_channels": s.in_channels, "num_classes": s.num_classes, "image_size": s.image_size}
+
+    def collate(self, split: str, indices: np.ndarray) -> Batch:
+        x, y = (self.data.train_x, self.data.train_y) if split == "train" else (self.data.eval_x, self.data.eval_y)
+        idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
+        return x[idx], y[idx]
+
+    def num_eval(self) -> int:
+        return len(self.data.eval_y)
+
+    @torch.no_grad()
+    def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
+        """Top-1 accuracy on the held-out images the trainer evaluated (with
+        trainer.eval_batches large enough: all of them)."""
+        micro = micro_batching(self.cfg, self.layout)[0]
+        per_round = micro * self.layout.dp
+        count = min(self.cfg.trainer.eval_batches, self.num_eval() // per_round) * per_round
+        if count == 0:
+            return {}
+        x, y = self.collate("eval", np.arange(count))
+        logits = torch.cat([model(x[i:i + 256]) for i in range(0, count, 256)])
+        return {"eval_accuracy": (logits.argmax(-1) == y).float().mean().item(), "eval_images": count,
+                "majority_class_accuracy": torch.bincount(self.data.train_y).argmax().eq(y).float().mean().item()}
