@@ -68,3 +68,22 @@ def consolidated_state_dict(module: nn.Module, grid) -> Dict[str, torch.Tensor]:
     for part in parts:
         merged.update(part)
     return merged
+
+
+@torch.no_grad()
+def assign_full_weights(module: nn.Module, state: Dict[str, torch.Tensor]) -> None:
+    """Copy full (plain-model) tensors into `module`'s parameters and buffers, slicing each
+    tensor-parallel shard; names may carry pipeline prefixes. The inverse of
+    `full_parameters`; call before the engine is created."""
+    from zoo.parallel.pipeline import plain_name
+    from zoo.parallel.sharding import shard_tensor
+
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        key = plain_name(name)
+        if key not in state:
+            if t.dtype.is_floating_point and "running_" not in key:
+                raise ValueError(f"the weights have no tensor {key!r} for this model")
+            continue
+        full = state[key]
+        spec = getattr(t, "tp_shard", None)
+        t.copy_(shard_tensor(full, spec) if spec is not None else full)

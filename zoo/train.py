@@ -78,8 +78,9 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s)
     except ChildFailedError as err:
         rank, first = err.get_first_failure()
-        if first.exitcode == 2:  # a user mistake the rank already reported in one line
-            sys.exit(2)
+        if first.exitcode == 2 or first.exitcode >= 75 and all(  # a config error, or a stop on a signal
+                f.exitcode == first.exitcode for f in err.failures.values()):
+            sys.exit(first.exitcode)
         print(f"zoo: rank {rank} failed first (exit code {first.exitcode}):\n{first.message}",
               file=sys.stderr, flush=True)
         sys.exit(1)
@@ -95,6 +96,9 @@ def _hydra_main(dcfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from zoo import signals
+
+    signals.install()  # before the slow imports: Slurm's warning may come during start-up
     try:
         _hydra_main()
     except SystemExit as exc:

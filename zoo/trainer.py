@@ -17,7 +17,7 @@ from zoo.consolidate import consolidated_state_dict
 from zoo.engine import initialize_engine, micro_batching
 from zoo.metrics import RunLog, peak_memory_bytes
 from zoo.parallel.topology import Layout
-from zoo.signals import StopRequest
+from zoo import signals
 from zoo.tasks.base import Task
 
 
@@ -38,7 +38,6 @@ class Trainer:
                      "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage}}
         self.ckpt_root = run_dir / "checkpoints"
         self.resumed_from = self._resume() if cfg.resume else None
-        self.stop = StopRequest().install()
         self.log = RunLog(run_dir, active=self.rank == 0, total_steps=cfg.trainer.max_steps,
                           progress=cfg.trainer.progress, start_step=self.step)
 
@@ -133,7 +132,7 @@ class Trainer:
             self.log.advance(1, None if math.isnan(loss) else loss)
             if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0:
                 self.save_checkpoint()
-            received = self.stop.agreed(self.device)
+            received = signals.agreed(self.device)
             if received:
                 self._stop_on_signal(received)
         self.log.close()
@@ -157,14 +156,14 @@ class Trainer:
 
     def _stop_on_signal(self, received: int) -> None:
         """Checkpoint (when checkpointing is on, and always for Slurm's SIGUSR1) and exit."""
-        name = StopRequest.name(received)
+        name = signals.name(received)
         if self.cfg.checkpoint.every or received == 3:
             path = self.save_checkpoint()
             self.log.write(f"zoo: {name} received: stopped after step {self.step}, checkpoint {path}")
         else:
             self.log.write(f"zoo: {name} received: stopped after step {self.step} (checkpointing is off)")
         self.log.close()
-        raise SystemExit(StopRequest.exit_code(received))
+        raise SystemExit(signals.exit_code(received))
 
     def finish(self, eval_loss: float) -> dict:
         """Consolidate the weights (collective), save them and compute the family's metrics
@@ -175,7 +174,7 @@ class Trainer:
         if self.rank != 0:
             return {}
         if self.cfg.checkpoint.save_final:
-            save_weights(state, self.run_dir / "model.safetensors", self.cfg.model.family)
+            save_weights(state, self.run_dir / "model.safetensors", self.meta)
         model = self.task.plain_model()
         load_plain(model, state)
         model.eval()
@@ -188,12 +187,15 @@ class Trainer:
         self.log.close()
 
 
-def save_weights(state: dict, path: Path, family: str) -> None:
-    """Write consolidated weights atomically as safetensors."""
+def save_weights(state: dict, path: Path, meta: dict) -> None:
+    """Write consolidated weights atomically as safetensors, the model's family and shape
+    in the metadata (what export needs)."""
+    import json
+
     from safetensors.torch import save_file
 
     tmp = path.with_suffix(".tmp")
-    save_file(state, str(tmp), metadata={"family": family})
+    save_file(state, str(tmp), metadata={"family": meta["family"], "shape": json.dumps(meta["shape"])})
     tmp.replace(path)
 
 

@@ -28,9 +28,10 @@ def config_from_yaml(text: str) -> Config:
 
 
 def _device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+    if torch.cuda.is_available():  # a site may give each task one GPU of its own
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -63,6 +64,9 @@ def write_topology(layout: Layout, run_dir: Path, rank: int) -> None:
 
 def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     """Run one rank of a training job."""
+    from zoo import signals
+
+    signals.install()
     # DeepSpeed still calls the collectives torch renamed; the notice says nothing to users.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     # DeepSpeed's pipeline engine broadcasts inside autograd (losses match the plain model's).
@@ -99,7 +103,7 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
         raise SystemExit(2) from None
     try:
         trainer.fit()
-    finally:
+        dist.barrier()
+    finally:  # also when a signal stops the run: leave the process group cleanly
         trainer.close()
-    dist.barrier()
-    dist.destroy_process_group()
+        dist.destroy_process_group()

@@ -1,9 +1,10 @@
 """Model families as plain single-device modules (one file per family)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 from zoo.config.schema import ModelConfig
+from zoo.models.bert import BertShape, bert_shape
 from zoo.models.gpt import GPTShape, gpt_shape
 
 # Used for checks before the tokenizer is known; any multiple of the pad size.
@@ -21,6 +22,11 @@ def padded_vocab(tokenizer_len: int, cfg: ModelConfig) -> int:
     return -(-tokenizer_len // m) * m
 
 
-def model_dims(cfg: ModelConfig, vocab_size: Optional[int]) -> GPTShape:
-    return gpt_shape(cfg.size, vocab_size or _PLACEHOLDER_VOCAB, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                     n_embd=cfg.n_embd, block_size=cfg.block_size, ffn_mult=cfg.ffn_mult, dropout=cfg.dropout)
+def model_dims(cfg: ModelConfig, vocab_size: Optional[int], *, pad_token_id: int = 0) -> Union[GPTShape, BertShape]:
+    """The shape of a transformer family (gpt, bert) from the config; the CNN's depends on
+    the images and comes from `zoo.models.cnn.cnn_shape`."""
+    dims = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+                ffn_mult=cfg.ffn_mult, dropout=cfg.dropout)
+    if cfg.family == "bert":
+        return bert_shape(cfg.size, vocab_size or _PLACEHOLDER_VOCAB, pad_token_id=pad_token_id, **dims)
+    return gpt_shape(cfg.size, vocab_size or _PLACEHOLDER_VOCAB, **dims)

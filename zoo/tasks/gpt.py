@@ -34,8 +34,15 @@ class GPTTask(Task):
         cfg = self.cfg
         docs = pydoc_documents()
         source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
-        tok_dir = cfg.data.tokenizer or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key,
-                                                                 cfg.data.cache_dir))
+        self.init_state = None
+        tok_dir = cfg.data.tokenizer
+        if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
+            from zoo.hf import read_hf
+
+            _, meta, self.init_state = read_hf(cfg.model.init_from)
+            if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
+                tok_dir = cfg.model.init_from
+        tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
         block = model_dims(cfg.model, None).block_size
         entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
                                       source_key=source_key, cache_dir=cfg.data.cache_dir)
@@ -56,9 +63,15 @@ class GPTTask(Task):
         if layout.pp > 1:
             from zoo.parallel.pipeline import gpt_pipeline
 
-            return gpt_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
-                                activation_checkpointing=cfg.model.activation_checkpointing, **build)
-        return build_gpt(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
+            model = gpt_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
+                                 activation_checkpointing=cfg.model.activation_checkpointing, **build)
+        else:
+            model = build_gpt(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
+        if self.init_state is not None:
+            from zoo.consolidate import assign_full_weights
+
+            assign_full_weights(model, self.init_state)
+        return model
 
     def model_meta(self) -> dict:
         s = self.shape

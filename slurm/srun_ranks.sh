@@ -1,0 +1,68 @@
+# Sourced by the slurm/*.sbatch scripts (in the batch shell): `srun_ranks OVERRIDES...` starts
+# one `python -m zoo.train` rank per Slurm task and requeues the job when the ranks ask for it.
+#
+# Requeue protocol. The sbatch scripts ask for `--signal=B:USR1@120`: about 120 s before the
+# time limit (Slurm may send it up to 60 s earlier still) Slurm signals this batch shell only
+# (`B:`), not the ranks. The trap below forwards the signal to srun, which relays it to every
+# task. The ranks agree to stop after the same step, write a checkpoint together and exit with
+# ZOO_EXIT_REQUEUE (75); srun returns it and this shell runs `scontrol requeue`. The job keeps
+# its id, so it comes back to the same run directory (outputs/slurm-<job id>) and, seeing
+# SLURM_RESTART_COUNT > 0, resumes there with `resume=auto`. To warn a running job by hand
+# (before a preemption, in a test):
+#   scancel --signal=USR1 --batch <job id>
+# Without --batch Slurm signals the ranks directly; that works too, the trainer reacts the same.
+
+ZOO_EXIT_REQUEUE=75   # the trainer's exit code for "checkpoint written, run me again" (EX_TEMPFAIL)
+
+srun_ranks() {
+    local python=${ZOO_PYTHON:-python}
+    local -a overrides=("$@")
+    local arg has_run_dir=0 has_resume=0 srun_pid="" rc
+    # At once: an untrapped USR1 would end this shell, and with it the job. A signal that comes
+    # before srun has started its tasks is lost (srun cannot relay it yet).
+    trap 'echo "zoo: warning signal: asking the ranks to checkpoint"
+          [[ -z $srun_pid ]] || kill -USR1 "$srun_pid" 2>/dev/null || true' USR1
+    for arg in "$@"; do
+        case $arg in
+            hydra.run.dir=* | +hydra.run.dir=* | ++hydra.run.dir=*) has_run_dir=1 ;;
+            resume=* | +resume=* | ++resume=*) has_resume=1 ;;
+        esac
+    done
+    # Keyed by the job id, which a requeued job keeps: it finds its own checkpoints.
+    ((has_run_dir)) || overrides+=("hydra.run.dir=outputs/slurm-${SLURM_JOB_ID}")
+    if ((${SLURM_RESTART_COUNT:-0} > 0 && !has_resume)); then
+        overrides+=("resume=auto")
+    fi
+
+    export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+    export PYTHONUNBUFFERED=1
+    # zoo.launch takes the master from the allocation's first host and the port from the job
+    # id; the address is looked up once here so that N ranks do not each ask slurmctld.
+    local hosts
+    hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    export MASTER_ADDR=${hosts%%$'\n'*}
+
+    echo "zoo: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: ${SLURM_NTASKS} ranks," \
+         "${OMP_NUM_THREADS} threads each, master ${MASTER_ADDR}; overrides: ${overrides[*]}"
+
+    # Since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch: pass it on.
+    srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$OMP_NUM_THREADS" \
+        "$python" -m zoo.train "${overrides[@]}" &
+    srun_pid=$!
+    # bash runs a trap only between commands, so srun runs in the background and we wait.
+    while kill -0 "$srun_pid" 2>/dev/null; do
+        wait "$srun_pid" || true    # returns early whenever the trap runs
+    done
+    wait "$srun_pid" && rc=0 || rc=$?    # srun's own exit status (bash kept it)
+    trap - USR1
+
+    # Only on the trainer's code: it wrote a checkpoint after at least one more step, so every
+    # requeue makes progress. Ranks killed by the signal itself (it came before the trainer
+    # could take it) fail the job rather than restart it in a loop.
+    if ((rc == ZOO_EXIT_REQUEUE)); then
+        echo "zoo: requeueing job ${SLURM_JOB_ID} (srun exit ${rc})"
+        scontrol requeue "$SLURM_JOB_ID"
+        sleep 60    # the requeue ends this script at once; do not race it by exiting first
+    fi
+    return "$rc"
+}

@@ -1,0 +1,70 @@
+"""The Hugging Face round trip: export from any layout, then transformers; import into
+any layout, evaluate and checkpoint (trainer.max_steps=0), then export again."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import REPO
+
+FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=2", "trainer.global_batch_size=8",
+        "trainer.micro_batch_size=2", "optim.warmup_steps=2"]
+
+
+def export(src, out):
+    proc = subprocess.run([sys.executable, "-m", "zoo.export", str(src), str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained_3d(run_zoo, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("hf") / "run3d"
+    return run_zoo(*FAST, "parallel=3d", "parallel.num_microbatches=2", "parallel.dp=1", "trainer.max_steps=3",
+                   "checkpoint.every=3", run_dir=run_dir)
+
+
+@pytest.mark.parametrize("source", ["run_dir", "checkpoint"])
+def test_export_from_3d_then_transformers_logits_match(trained_3d, tmp_path, source):
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    from zoo.models.gpt import GPT, GPTShape
+    from zoo.trainer import load_plain
+
+    src = trained_3d.run_dir if source == "run_dir" else trained_3d.run_dir / "checkpoints" / "step_0000003"
+    out = export(src, tmp_path / "hf")
+    hf = GPT2LMHeadModel.from_pretrained(str(out)).eval()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    meta = json.loads((trained_3d.run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())["shape"]
+    zoo_model = GPT(GPTShape(**meta)).eval()
+    load_plain(zoo_model, load_file(str(trained_3d.run_dir / "model.safetensors")))
+    ids = torch.tensor([tok("for x in range(10): print(x)")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, zoo_model(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_import_evaluate_checkpoint_and_export_again(run_zoo, trained_3d, tmp_path):
+    original = export(trained_3d.run_dir, tmp_path / "original")
+    run_dir = tmp_path / "imported"
+    # The same held-out samples as the 3D run (micro-batches of 8 / 2 = 4, 2 rounds).
+    run = run_zoo(*FAST, "parallel=tp", "trainer.micro_batch_size=4", f"model.init_from={original}",
+                  "trainer.max_steps=0", run_dir=run_dir)
+    s = run.summary
+    assert s["steps"] == 0 and s["tp"] == 2
+    assert s["eval_loss"] == pytest.approx(trained_3d.summary["eval_loss"], rel=1e-5)
+    assert (run_dir / "checkpoints" / "step_0000000" / "state.json").exists()
+    again = export(run_dir / "checkpoints" / "step_0000000", tmp_path / "again")
+    a, b = load_file(str(original / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_export_errors_are_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "zoo.export", str(tmp_path / "missing"), str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "zoo.export: error:" in proc.stderr and "Traceback" not in proc.stderr
