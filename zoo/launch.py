@@ -74,6 +74,11 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int) -> Non
 
     from zoo.worker import main as worker_main
 
+    import logging
+
+    # The agent logs every failed worker's traceback; zoo.train reports the first failure
+    # itself, in one place, so the agent is kept quiet.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     threads = threads_per_rank(nproc)
     os.environ["ZOO_LOCAL_WORKER"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -45,9 +45,8 @@ class RunLog:
         """Append one logged step to metrics.jsonl and echo it on the console."""
         if not self.active:
             return
-        record = {k: _clean(v) for k, v in record.items()}
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         line = (f"step {record['step']:>6} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
                 f"{record['tokens_per_s']:,.0f} tok/s | {record['step_time_s'] * 1e3:.0f} ms/step")
         self.write(line)

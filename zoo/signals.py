@@ -35,16 +35,6 @@ def received() -> int:
     return _received
 
 
-def agreed(device) -> int:
-    """The strongest signal any rank received. Collective over all ranks."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([_received], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item())
-
-
 def name(code: int) -> str:
     return _SIGNALS[code].name
 

@@ -22,6 +22,9 @@ from zoo.config.schema import Config, register_configs
 
 register_configs()
 _task_started = False
+# Exit codes with which ranks stop after rank 0 printed the reason: a config error (2), a
+# diverged loss (3), a Slurm requeue request (75), SIGINT (130), SIGTERM (143).
+REPORTED_EXITS = (2, 3, 75, 130, 143)
 
 
 def _fail(message: str, run_dir: str | None) -> None:
@@ -54,6 +57,16 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
             raise
         _fail(str(err), run_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:
+        from zoo.plan import device_memory_bytes, fit_warning
+
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
+        try:
+            fit = fit_warning(cfg, layout, device_memory_bytes(ranks_here))
+        except (ValueError, KeyError):  # a family the planner does not describe yet
+            fit = None
+        if fit:
+            warnings.append(fit)
     for w in warnings:
         if rank0:
             print(f"zoo: warning: {w}", file=sys.stderr, flush=True)
@@ -74,13 +87,16 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         return
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s)
+    except SignalException as err:  # the agent passed SIGTERM/SIGINT on to the ranks, which checkpointed
+        sys.exit(128 + int(err.sigval))
     except ChildFailedError as err:
         rank, first = err.get_first_failure()
-        if first.exitcode == 2 or first.exitcode >= 75 and all(  # a config error, or a stop on a signal
-                f.exitcode == first.exitcode for f in err.failures.values()):
-            sys.exit(first.exitcode)
+        if first.exitcode in REPORTED_EXITS and all(f.exitcode == first.exitcode for f in err.failures.values()):
+            sys.exit(first.exitcode)  # every rank stopped the same way and rank 0 said why
         print(f"zoo: rank {rank} failed first (exit code {first.exitcode}):\n{first.message}",
               file=sys.stderr, flush=True)
         sys.exit(1)
@@ -95,10 +111,24 @@ def _hydra_main(dcfg: DictConfig) -> None:
     run(dcfg, HydraConfig.get().runtime.output_dir)
 
 
+def _explicit_run_dir(argv) -> str | None:
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main() -> None:
     from zoo import signals
+    from zoo.rundir import RunDirError, check_writable
 
     signals.install()  # before the slow imports: Slurm's warning may come during start-up
+    run_dir = _explicit_run_dir(sys.argv[1:])
+    if run_dir and "${" not in run_dir and "--cfg" not in sys.argv:  # Hydra would fail on it with a traceback
+        try:
+            check_writable(run_dir)
+        except RunDirError as err:
+            _fail(str(err), None)
     try:
         _hydra_main()
     except SystemExit as exc:

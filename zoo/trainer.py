@@ -5,6 +5,7 @@ differs between model families is the task's (`zoo.tasks`).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from zoo.metrics import RunLog, peak_memory_bytes
 from zoo.parallel.topology import Layout
 from zoo import signals
 from zoo.tasks.base import Task
+
+DIVERGED_EXIT_CODE = 3  # the loss stayed non-finite
 
 
 class Trainer:
@@ -115,6 +118,7 @@ class Trainer:
                        f"{self.grad_accum} x dp {self.layout.dp}, {self.cfg.precision.dtype}")
         started = time.perf_counter()
         window_start, window_steps, train_time, loss = time.perf_counter(), 0, 0.0, float("nan")
+        bad_steps = 0  # consecutive steps whose loss was not finite
         while self.step < t.max_steps:
             t0 = time.perf_counter()
             local_loss = self.train_step()
@@ -130,9 +134,12 @@ class Trainer:
                                "peak_mem_bytes": peak_memory_bytes(self.device)})
                 window_start, window_steps = time.perf_counter(), 0
             self.log.advance(1, None if math.isnan(loss) else loss)
-            if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0:
+            received, nonfinite = self._agree([signals.received(), int(not torch.isfinite(local_loss))])
+            bad_steps = bad_steps + 1 if nonfinite else 0
+            if bad_steps >= t.max_nonfinite_steps:
+                self._stop_diverged(bad_steps)
+            if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0 and not nonfinite:
                 self.save_checkpoint()
-            received = signals.agreed(self.device)
             if received:
                 self._stop_on_signal(received)
         self.log.close()
@@ -153,6 +160,22 @@ class Trainer:
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
             "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started})
+
+    def _agree(self, flags):
+        """The maximum of each flag over all ranks (one small all-reduce per step)."""
+        t = torch.tensor(flags, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def _stop_diverged(self, bad_steps: int) -> None:
+        latest = self.ckpt_root / "latest"
+        last_good = (self.ckpt_root / latest.read_text().strip()) if latest.exists() else None
+        self.log.close()
+        if self.rank == 0:
+            print(f"zoo: error: the loss is not finite at step {self.step} ({bad_steps} steps in a row); stopping. "
+                  f"The last good checkpoint is {last_good or 'none (checkpointing is off)'}, untouched. Lower "
+                  f"optim.lr, check the data, or use bf16/fp32; resume with resume=auto", file=sys.stderr, flush=True)
+        raise SystemExit(DIVERGED_EXIT_CODE)
 
     def _stop_on_signal(self, received: int) -> None:
         """Checkpoint (when checkpointing is on, and always for Slurm's SIGUSR1) and exit."""

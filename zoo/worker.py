@@ -39,8 +39,15 @@ def init_distributed(cfg: Config) -> None:
     import deepspeed
 
     backend = cfg.parallel.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
-                               timeout=timedelta(seconds=cfg.parallel.timeout_s))
+    timeout = timedelta(seconds=cfg.parallel.timeout_s)
+    # DeepSpeed's grid creates its groups with dist.new_group() and no timeout, which falls
+    # back to torch's module-level default (30 min): make that default ours, so a hung rank
+    # ends the job after parallel.timeout_s in every group.
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timeout
+    c10d.default_pg_nccl_timeout = timeout
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)
 
 
 def agree_run_dir(proposed: str) -> Path:
@@ -94,10 +101,21 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
     from zoo.checkpoint import CheckpointError
+    from zoo.rundir import RunDirError, check_space, expected_bytes
 
+    problem = [None]
+    if rank == 0:
+        try:
+            check_space(run_path, expected_bytes(task.num_params(), save_final=cfg.checkpoint.save_final,
+                                                 checkpoints_kept=cfg.checkpoint.keep if cfg.checkpoint.every else 0))
+        except RunDirError as err:
+            problem = [str(err)]
+    dist.broadcast_object_list(problem, src=0)  # every rank stops, none waits in a collective
     try:
+        if problem[0]:
+            raise RunDirError(problem[0])
         trainer = Trainer(cfg, layout, grid, task, run_path, device)
-    except CheckpointError as err:  # a user mistake, reported like a config error
+    except (CheckpointError, RunDirError) as err:  # user mistakes, reported like a config error
         if rank == 0:
             print(f"zoo: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

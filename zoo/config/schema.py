@@ -19,7 +19,8 @@ class ModelConfig:
     family: str = MISSING
     """Model family: `gpt`, `bert` or `cnn`."""
     size: str = "tiny"
-    """Named size preset of the family (GPT: tiny, small, medium, large, xl, gpt3-125m ... gpt3-175b)."""
+    """Named size preset of the family (GPT: tiny, small, medium, large, xl, gpt3-125m ... gpt3-175b;
+    BERT: tiny, base, large; CNN: tiny, resnet18, resnet50)."""
     n_layer: Optional[int] = None
     """Override the preset's number of transformer layers."""
     n_head: Optional[int] = None
@@ -74,6 +75,14 @@ class DataConfig:
     """For `files`: a file, a directory or a glob. For `hub`: the dataset name or a local dataset directory."""
     text_column: str = "text"
     """Column holding the text in jsonl/parquet/csv/hub sources."""
+    image_column: str = "image"
+    """Column holding the images in a `hub` image dataset (CNN)."""
+    label_column: str = "label"
+    """Column holding the class labels in a `hub` image dataset (CNN)."""
+    image_size: Optional[int] = None
+    """CNN: resize `files`/`hub` images to this many pixels square. None: the first image's size."""
+    mlm_probability: float = 0.15
+    """BERT: share of the tokens selected for the masked-LM objective (80% [MASK], 10% random, 10% kept)."""
     tokenizer: Optional[str] = None
     """None: train one on the source (cached). Else a local directory or a Hub name."""
     vocab_size: int = 4096
@@ -150,6 +159,9 @@ class TrainerConfig:
     """Tokens generated at the end of a language-model run (0: none)."""
     progress: bool = True
     """Progress bar on rank 0."""
+    max_nonfinite_steps: int = 3
+    """Stop the run after this many consecutive steps with a non-finite loss (no checkpoint
+    is written over the last good one meanwhile). fp16 overflows are skipped by the engine."""
 
 
 @dataclass

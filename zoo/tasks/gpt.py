@@ -14,7 +14,7 @@ import torch.nn as nn
 from data_pipelines.schedule import SampleStream
 from zoo.build import build_gpt, count_parameters
 from zoo.models import model_dims, padded_vocab
-from zoo.models.gpt import GPT
+from zoo.models.gpt import GPT, GPTShape
 from zoo.parallel.topology import Layout, tp_group
 from zoo.tasks.base import Batch, Task
 
@@ -34,7 +34,7 @@ class GPTTask(Task):
         cfg = self.cfg
         docs = pydoc_documents()
         source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
-        self.init_state = None
+        self.init_state, meta = None, None
         tok_dir = cfg.data.tokenizer
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.hf import read_hf
@@ -43,7 +43,7 @@ class GPTTask(Task):
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
-        block = model_dims(cfg.model, None).block_size
+        block = meta["block_size"] if meta is not None else model_dims(cfg.model, None).block_size
         entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
                                       source_key=source_key, cache_dir=cfg.data.cache_dir)
         if rank == 0 and not (run_dir / "tokenizer").exists():
@@ -53,7 +53,8 @@ class GPTTask(Task):
                 load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.blocks = load_packed_blocks(entry)
-        self.shape = model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
+        self.shape = (GPTShape(**meta, dropout=cfg.model.dropout) if meta is not None
+                      else model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model)))
         self.stream = SampleStream(len(self.blocks.train), cfg.trainer.seed)
 
     def build_model(self, layout: Layout, grid) -> nn.Module:

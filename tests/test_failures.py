@@ -1,0 +1,136 @@
+"""Failure behaviour under real conditions: a rank killed or hung in a real multi-rank run,
+a real signal, a loss driven non-finite by the learning rate, a read-only or full disk."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO
+
+FAST = ["debug=fast", "trainer.progress=false", "trainer.sample_tokens=0", "trainer.eval_batches=1"]
+
+
+def start(run_dir: Path, zoo_cache: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_training(run_dir: Path, proc: subprocess.Popen, steps: int = 2) -> None:
+    deadline = time.time() + 240
+    metrics = run_dir / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"training did not start: {proc.poll()=}")
+
+
+def workers(proc: subprocess.Popen) -> list:
+    return [c for c in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+
+
+@pytest.mark.parametrize("how", ["crash", "hang"])
+def test_a_rank_that_dies_or_hangs_ends_the_whole_job(tmp_path, zoo_cache, how):
+    timeout_s = 15
+    proc = start(tmp_path / how, zoo_cache, "parallel=zero1", "trainer.max_steps=100000",
+                 f"parallel.timeout_s={timeout_s}")
+    wait_for_training(tmp_path / how, proc)
+    ranks = workers(proc)
+    assert len(ranks) == 2
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    victim = ranks[1]
+    t0 = time.time()
+    victim.send_signal(signal.SIGKILL if how == "crash" else signal.SIGSTOP)
+    out, err = proc.communicate(timeout=timeout_s + 90)
+    took = time.time() - t0
+    assert proc.returncode not in (0, None), err
+    # crash: the agent notices within a second; hang: the others' collective times out
+    # (parallel.timeout_s), then the agent stops the hung rank (SIGTERM, SIGKILL after 30 s).
+    assert took < (10 if how == "crash" else timeout_s + 60), took
+    assert "failed first" in err
+    if how == "crash":
+        assert "SIGKILL" in err.split("failed first", 1)[1][:300]
+    time.sleep(1)
+    assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path, zoo_cache):
+    run_dir = tmp_path / "term"
+    proc = start(run_dir, zoo_cache, "parallel=zero1", "trainer.max_steps=100000", "checkpoint.every=100000")
+    wait_for_training(run_dir, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "SIGTERM received: stopped after step" in out
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert (run_dir / "checkpoints" / latest / "state.json").exists()
+
+
+def test_sigint_single_process(tmp_path, zoo_cache):
+    run_dir = tmp_path / "int"
+    proc = start(run_dir, zoo_cache, "trainer.max_steps=100000", "checkpoint.every=100000")
+    wait_for_training(run_dir, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert (run_dir / "checkpoints" / "latest").exists()
+
+
+def test_a_loss_that_stays_non_finite_stops_and_keeps_the_last_good_checkpoint(run_zoo, tmp_path):
+    run_dir = tmp_path / "nan"
+    run = run_zoo(*FAST, "parallel=zero1", "trainer.max_steps=50", "optim.lr=1e12", "optim.warmup_steps=1",
+                  "checkpoint.every=1", "checkpoint.keep=50", run_dir=run_dir, check=False)
+    assert run.returncode == 3, run.stderr
+    assert "the loss is not finite at step" in run.stderr and "Traceback" not in run.stderr
+    steps = [m["step"] for m in run.metrics if m["loss"] == "nan"]
+    last_good = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert int(last_good.split("_")[1]) < steps[0]  # nothing was saved after the loss went non-finite
+    assert f"checkpoints/{last_good}" in run.stderr
+    from safetensors.torch import load_file
+
+    assert load_file(str(run_dir / "checkpoints" / last_good / "model-000.safetensors"))
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounts = []
+
+    def mount(options: str) -> Path:
+        where = tmp_path / f"fs{len(mounts)}"
+        where.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("mounting a tmpfs needs root: the read-only and full-disk conditions cannot be made")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_a_read_only_run_dir_is_refused_before_training(run_zoo, tmpfs):
+    ro = tmpfs("ro,size=1m")
+    run = run_zoo(*FAST, run_dir=ro / "run", check=False)
+    assert run.returncode == 2 and "cannot write the run directory" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_full_disk_is_refused_before_training(run_zoo, tmpfs):
+    small = tmpfs("size=2m")  # the tiny GPT's weights alone are 5 MiB
+    run = run_zoo(*FAST, "parallel=zero1", run_dir=small / "run", check=False)
+    assert run.returncode == 2 and "MiB free but this run writes about" in run.stderr
+    assert "Traceback" not in run.stderr and not (small / "run" / "metrics.jsonl").exists()
+
+
+def test_too_few_micro_batches_for_the_pipeline(run_zoo):
+    run = run_zoo(*FAST, "parallel=pp", "parallel.num_microbatches=1", check=False)
+    assert run.returncode == 2 and "fewer than the 2 pipeline stages" in run.stderr
