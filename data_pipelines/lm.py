@@ -33,6 +33,7 @@ def tokenize_documents(docs: List[str], tokenizer_dir: str, num_proc: int = 1) -
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
     ds = datasets.Dataset.from_dict({"text": docs})
+    datasets.disable_progress_bars()  # one map over a corpus; a bar per rank is noise
     ds = ds.map(lambda b: {"ids": tok(b["text"], add_special_tokens=False)["input_ids"]},
                 batched=True, remove_columns=["text"], num_proc=num_proc if num_proc > 1 else None,
                 load_from_cache_file=False, desc=None)
