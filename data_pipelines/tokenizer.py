@@ -1,16 +1,22 @@
 """Tokenizers: trained here with `tokenizers` and cached, or loaded from a directory or the Hub.
 
-A trained tokenizer is saved as a transformers `PreTrainedTokenizerFast` directory, so
-the run directory's `tokenizer/` loads with `AutoTokenizer.from_pretrained`.
+GPT gets a byte-level BPE (GPT-2's kind), BERT a lower-cased WordPiece with BERT's special
+tokens and its [CLS] A [SEP] B [SEP] template (segment ids 0 then 1). A trained tokenizer
+is saved as a transformers fast-tokenizer directory, so the run directory's `tokenizer/`
+loads with `AutoTokenizer.from_pretrained`.
 """
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import List, Optional
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 
 EOS = "<|endoftext|>"
+BERT_SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                "mask_token": "[MASK]"}
 
 
 def _train_byte_level_bpe(docs: List[str], vocab_size: int):
@@ -39,8 +45,47 @@ def train_gpt_tokenizer(docs: List[str], vocab_size: int, source_key: str, cache
     return cached_dir(entry, build)
 
 
+def _train_wordpiece(docs: List[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token=BERT_SPECIAL["unk_token"]))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIAL.values()),
+                                        show_progress=False)
+    tok.train_from_iterator(docs, trainer=trainer)
+    cls, sep = BERT_SPECIAL["cls_token"], BERT_SPECIAL["sep_token"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+    return tok
+
+
+def train_bert_tokenizer(docs: List[str], vocab_size: int, source_key: str, cache_dir: Optional[str] = None) -> Path:
+    """A lower-cased WordPiece tokenizer (BERT's kind) trained on `docs`, cached by source and size."""
+    from transformers import BertTokenizerFast
+
+    entry = cache_root(cache_dir) / "tokenizers" / f"wordpiece-{cache_key(source=source_key, vocab=vocab_size)}"
+
+    def build(tmp: Path) -> None:
+        BertTokenizerFast(tokenizer_object=_train_wordpiece(docs, vocab_size), **BERT_SPECIAL).save_pretrained(str(tmp))
+
+    return cached_dir(entry, build)
+
+
 def load_tokenizer(path_or_name: str):
     """A transformers fast tokenizer from a local directory or a Hub name."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path_or_name, use_fast=True)
+
+
+def save_tokenizer(path_or_name: str, dest: Path) -> None:
+    """Put the tokenizer into `dest` (a run directory's `tokenizer/`), once."""
+    if dest.exists():
+        return
+    if os.path.isdir(path_or_name):
+        shutil.copytree(path_or_name, dest, ignore=shutil.ignore_patterns(".complete"))
+    else:
+        load_tokenizer(path_or_name).save_pretrained(str(dest))

@@ -69,32 +69,33 @@ def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path):
     assert "at step 2" in resumed.stdout and resumed.summary["steps"] == 4
 
 
-# Layout changes: (written under, resumed under). Each resumed run continues within 1e-5
-# relative of the uninterrupted single-process run.
-LAYOUTS = [
-    (["parallel=tp"], ["parallel=ddp"]),                                   # tp 2 -> 1
-    (["parallel=pp", "parallel.num_microbatches=4"], ["parallel=ddp"]),    # pp 2 -> 1
-    (["parallel=zero1"], ["parallel=ddp"]),                                # dp 2 -> 1
-    (["parallel=ddp"], ["parallel=zero1"]),                                # dp 1 -> 2
-    (["parallel=zero1"], ["parallel=zero3"]),                              # ZeRO 1 -> 3
-    (["parallel=3d", "parallel.num_microbatches=4", "parallel.dp=1"], ["parallel=zero2", "parallel.dp=4"]),
+# Layout changes, as one chain of runs that each take two steps and resume the previous
+# one's checkpoint: every transition below is one change of layout. Each run's losses must
+# continue the uninterrupted single-process run within 1e-5 relative.
+CHAIN = [
+    (["parallel=pp", "parallel.num_microbatches=4"], "pp 2 (written)"),
+    (["parallel=ddp"], "pp 2 -> 1"),
+    (["parallel=tp"], "tp 1 -> 2"),
+    (["parallel=ddp"], "tp 2 -> 1"),
+    (["parallel=zero1"], "dp 1 -> 2"),
+    (["parallel=zero3"], "ZeRO 1 -> 3"),
+    (["parallel=ddp"], "dp 2 -> 1"),
 ]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(run_zoo):
-    return run_zoo(*FAST, "trainer.max_steps=6")
-
-
-@pytest.mark.parametrize("before, after", LAYOUTS, ids=lambda v: "+".join(v))
-def test_resume_on_another_layout(run_zoo, uninterrupted, tmp_path, before, after):
-    run_dir = tmp_path / "layout"
-    run_zoo(*FAST, *before, "trainer.max_steps=3", "checkpoint.every=3", run_dir=run_dir)
-    resumed = run_zoo(*FAST, *after, "trainer.max_steps=6", "checkpoint.every=3", "resume=auto", run_dir=run_dir)
-    assert "at step 3" in resumed.stdout
-    got, ref = losses_by_step(resumed), losses_by_step(uninterrupted)
-    torch.testing.assert_close(torch.tensor([got[s] for s in (4, 5, 6)]), torch.tensor([ref[s] for s in (4, 5, 6)]),
-                               rtol=1e-5, atol=0)
+def test_resume_on_another_layout(run_zoo, tmp_path):
+    steps = 2 * len(CHAIN)
+    schedule = [f"optim.decay_steps={steps}", "checkpoint.every=2"]
+    ref = losses_by_step(run_zoo(*FAST, f"trainer.max_steps={steps}"))
+    run_dir = tmp_path / "chain"
+    for i, (layout, what) in enumerate(CHAIN):
+        run = run_zoo(*FAST, *layout, *schedule, f"trainer.max_steps={2 * (i + 1)}", "resume=auto", run_dir=run_dir)
+        got = losses_by_step(run)
+        mine = [2 * i + 1, 2 * i + 2]
+        if i:
+            assert f"at step {2 * i}" in run.stdout, what
+        torch.testing.assert_close(torch.tensor([got[s] for s in mine]), torch.tensor([ref[s] for s in mine]),
+                                   rtol=1e-5, atol=0, msg=lambda m: f"{what}: {m}")
 
 
 @pytest.mark.parametrize("dp_before, dp_after", [(2, 1), (1, 2), (2, 4), (4, 2)])

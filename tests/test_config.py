@@ -39,6 +39,18 @@ def test_defaults_are_the_main_job():
     assert (cfg.model.family, cfg.model.size, cfg.parallel.zero_stage, cfg.precision.dtype) == ("gpt", "tiny", 0, "fp32")
 
 
+def test_each_family_brings_its_data_and_the_command_line_wins():
+    assert (composed("model=cnn").data.name, composed("model=bert").data.name) == ("digits", "pydoc")
+    cfg = composed("model=cnn", "data=files", "data.path=/images", "optim.lr=0.01")
+    assert (cfg.data.name, cfg.data.path, cfg.optim.lr) == ("files", "/images", 0.01)
+
+
+def test_cnn_warns_about_what_it_ignores():
+    warnings = check(composed("model=cnn", "model.n_head=4", "trainer.sample_tokens=8"))
+    assert any("model.n_head=4 is ignored" in w for w in warnings)
+    assert any("trainer.sample_tokens=8 is ignored" in w for w in warnings)
+
+
 def test_misspelled_key_names_the_key():
     with pytest.raises(Exception, match="max_step"):
         composed("trainer.max_step=5")
@@ -65,6 +77,17 @@ def check(cfg: Config, world=None, cuda=False):
     (["parallel.tp=3"], r"parallel.tp=3 does not divide model.n_head \(4\)"),
     (["parallel.pp=9"], r"parallel.pp=9 is more than the 4 layers"),
     (["parallel.pp=2", "parallel.zero_stage=2"], r"supports ZeRO stage 0 or 1 only; set parallel.zero_stage=1"),
+    # The other families: what each refuses, and why.
+    (["model=cnn", "parallel=tp"], r"parallel.tp=2 with model.family=cnn: .* data parallelism is the right tool"),
+    (["model=cnn", "parallel=3d"], r"parallel.tp=2 with model.family=cnn"),
+    (["model=bert", "parallel=tp", "parallel.sequence_parallel=true"], r"implemented for GPT only"),
+    (["model=cnn", "data=pydoc"], r"data.name='pydoc' does not fit model.family=cnn, which reads images"),
+    (["model=bert", "data=digits"], r"data.name='digits' does not fit model.family=bert, which reads text"),
+    (["model=cnn", "data=files"], r"data.name=files needs data.path"),
+    (["model=bert", "model.size=base", "parallel.tp=5"], r"parallel.tp=5 does not divide model.n_head \(12\)"),
+    (["model=cnn", "parallel.pp=4", "parallel.zero_stage=1"], r"parallel.pp=4 is more than the 3 residual blocks"),
+    (["model=bert", "model.size=huge"], r"model.size='huge' is not a BERT size"),
+    (["model=cnn", "model.activation_checkpointing=true"], r"would update its BatchNorm running statistics"),
 ])
 def test_bad_config_messages(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -47,7 +47,7 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
         "optimizer": {"type": "AdamW", "params": {"lr": o.lr, "betas": list(o.betas), "eps": o.eps,
                                                    "weight_decay": o.weight_decay, "torch_adam": True}},
         "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": max(t.max_steps, o.warmup_steps + 1, 2),
+            "total_num_steps": max(o.decay_steps or t.max_steps, o.warmup_steps + 1, 2),
             "warmup_num_steps": max(o.warmup_steps, 1), "warmup_min_ratio": 0.0,
             "warmup_type": "linear", "cos_min_ratio": o.min_lr / o.lr}},
         "zero_optimization": {"stage": layout.zero_stage},

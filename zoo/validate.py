@@ -10,10 +10,11 @@ from typing import List, Optional
 from zoo.config.schema import Config
 from zoo.parallel.topology import Layout
 
-FAMILIES = ("gpt",)
+FAMILIES = ("gpt", "bert", "cnn")
 DTYPES = ("fp32", "bf16", "fp16")
 LOGGERS = ("wandb", "none")
-DATA_SOURCES = ("pydoc",)
+# What each family reads: text for the language models, images for the classifier.
+DATA_SOURCES = {"gpt": ("pydoc", "files", "hub", "prepared"), "bert": ("pydoc",), "cnn": ("digits", "files", "hub")}
 
 
 class ConfigError(ValueError):
@@ -49,16 +50,13 @@ def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List
 
 def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     """Check every cross-key rule; returns warnings, raises ConfigError on the first error."""
-    from zoo.models import model_dims
-
     warnings: List[str] = []
     t, p, m = cfg.trainer, cfg.parallel, cfg.model
     _require(m.family in FAMILIES, f"model.family={m.family!r} is unknown; choose one of {list(FAMILIES)}")
     _require(cfg.precision.dtype in DTYPES,
              f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPES)}")
     _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
-    _require(cfg.data.name in DATA_SOURCES,
-             f"data.name={cfg.data.name!r} is unknown; choose one of {list(DATA_SOURCES)}")
+    _check_data(cfg)
     for key in ("global_batch_size", "micro_batch_size", "log_every"):
         _require(getattr(t, key) > 0, f"trainer.{key}={getattr(t, key)} must be positive")
     _require(t.max_steps >= 0, f"trainer.max_steps={t.max_steps} must be >= 0")
@@ -70,6 +68,58 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     if cfg.precision.dtype == "fp16":
         _require(cuda_available, "precision=fp16 needs CUDA (dynamic loss scaling runs on the GPU) and no GPU "
                                  "is visible; use precision=bf16 or precision=fp32 on this machine")
+    if m.family == "cnn":
+        layers, what = _check_cnn(cfg, layout, warnings)
+    else:
+        layers, what = _check_transformer(cfg, layout)
+    if m.family != "gpt":
+        _require(not p.sequence_parallel,
+                 f"parallel.sequence_parallel=true is implemented for GPT only; model.family={m.family} has no "
+                 f"sequence-parallel plan; set parallel.sequence_parallel=false")
+        if t.sample_tokens > 0:
+            warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
+                            f"generates no text")
+    _require(layout.pp <= layers,
+             f"parallel.pp={layout.pp} is more than the {layers} {what} of model.size={m.size}; use pp <= {layers}")
+    if layout.pp > 1:
+        _require(p.zero_stage <= 1,
+                 f"parallel.zero_stage={p.zero_stage} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine supports "
+                 f"ZeRO stage 0 or 1 only; set parallel.zero_stage=1 or parallel.pp=1")
+    _check_batches(cfg, layout, warnings)
+    return warnings
+
+
+def _check_data(cfg: Config) -> None:
+    d, family = cfg.data, cfg.model.family
+    sources = DATA_SOURCES[family]
+    if d.name not in sources:
+        known = sorted({s for names in DATA_SOURCES.values() for s in names})
+        _require(d.name in known, f"data.name={d.name!r} is unknown; choose one of {known}")
+        reads, hint = (("images", "data=digits (model=cnn's default), or data=files / data=hub with data.path")
+                       if family == "cnn" else ("text", f"data={sources[0]}"))
+        raise ConfigError(f"data.name={d.name!r} does not fit model.family={family}, which reads {reads}; use {hint}")
+    if d.name in ("files", "hub", "prepared") and not d.mix:
+        what = {"files": "a directory with one sub-directory of images per class" if family == "cnn"
+                else "a text file, a directory or a glob (txt, jsonl, parquet, csv)",
+                "hub": "a Hugging Face dataset name or a local dataset directory",
+                "prepared": "the output directory of `python -m data_pipelines.prepare`"}[d.name]
+        _require(bool(d.path), f"data.name={d.name} needs data.path: {what}")
+    if d.mix:
+        _require(family in ("gpt",), f"data.mix mixes text sources for model=gpt; model.family={family} reads one source")
+        for m in d.mix:
+            _require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
+                     f"data.mix entry {m} needs name: pydoc, files or hub (and path, weight)")
+    if family == "bert":
+        _require(0 < d.mlm_probability < 1, f"data.mlm_probability={d.mlm_probability} must be in (0, 1)")
+    if d.image_size is not None:
+        _require(d.image_size > 0, f"data.image_size={d.image_size} must be positive (or null)")
+
+
+def _check_transformer(cfg: Config, layout: Layout) -> tuple[int, str]:
+    """GPT and BERT: dimensions and their tensor-parallel splits. Returns the layer count."""
+    from zoo.models import model_dims
+
+    m = cfg.model
     try:
         dims = model_dims(m, vocab_size=m.vocab_size)
     except ValueError as err:
@@ -91,12 +141,37 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
             _require(m.vocab_size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide model.vocab_size ({m.vocab_size}); pad it to "
                      f"{-(-m.vocab_size // (128 * layout.tp)) * 128 * layout.tp} or leave model.vocab_size null")
-    _require(layout.pp <= dims.n_layer,
-             f"parallel.pp={layout.pp} is more than the {dims.n_layer} layers of model.size={m.size}; use pp <= {dims.n_layer}")
-    if layout.pp > 1:
-        _require(p.zero_stage <= 1,
-                 f"parallel.zero_stage={p.zero_stage} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine supports "
-                 f"ZeRO stage 0 or 1 only; set parallel.zero_stage=1 or parallel.pp=1")
+    return dims.n_layer, "layers"
+
+
+def _check_cnn(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, str]:
+    """The ResNet: its size, what it ignores, and no tensor parallelism. Returns the block count."""
+    from zoo.models.cnn import cnn_shape
+
+    m = cfg.model
+    try:
+        shape = cnn_shape(m.size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    _require(layout.tp == 1,
+             f"parallel.tp={layout.tp} with model.family=cnn: tensor parallelism splits each layer's weights "
+             f"across ranks and exchanges activations after every layer; a ResNet's convolutions at these sizes "
+             f"(at most a few million weights each) gain nothing from that, and data parallelism is the right tool: "
+             f"use parallel=ddp or parallel=zero1/zero2/zero3 (plus parallel=pp to split the depth), with parallel.tp=1")
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        if getattr(m, key) is not None:
+            warnings.append(f"model.{key}={getattr(m, key)} is ignored by model.family=cnn: its shape comes from "
+                            f"model.size ({m.size}) and the images")
+    _require(not m.activation_checkpointing,
+             "model.activation_checkpointing=true is not supported for model.family=cnn: recomputing a block in "
+             "backward would update its BatchNorm running statistics a second time; set it to false")
+    if m.dropout:
+        warnings.append(f"model.dropout={m.dropout} is ignored by model.family=cnn (a ResNet has no dropout)")
+    return shape.num_blocks, "residual blocks"
+
+
+def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
+    t, p = cfg.trainer, cfg.parallel
     _require(p.num_microbatches is None or p.num_microbatches > 0,
              f"parallel.num_microbatches={p.num_microbatches} must be positive (or null)")
     if layout.pp == 1 and p.num_microbatches is None:
@@ -115,5 +190,3 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
              f"trainer.global_batch_size={t.global_batch_size} is not divisible by {what} = {per_step}; "
              f"set trainer.global_batch_size to a multiple of {per_step}, "
              f"e.g. {max(1, round(t.global_batch_size / per_step)) * per_step}")
-
-    return warnings

@@ -75,6 +75,9 @@ class DataConfig:
     """For `files`: a file, a directory or a glob. For `hub`: the dataset name or a local dataset directory."""
     text_column: str = "text"
     """Column holding the text in jsonl/parquet/csv/hub sources."""
+    mix: List[Dict[str, Any]] = field(default_factory=list)
+    """Weighted text sources, e.g. [{name: files, path: a.jsonl, weight: 3}, {name: pydoc, weight: 1}];
+    when set it replaces data.name/data.path."""
     image_column: str = "image"
     """Column holding the images in a `hub` image dataset (CNN)."""
     label_column: str = "label"
@@ -103,6 +106,9 @@ class OptimConfig:
     """Learning rate at the end of the cosine decay."""
     warmup_steps: int = 20
     """Linear warmup steps."""
+    decay_steps: Optional[int] = None
+    """Length of the warmup + cosine schedule in steps. None: trainer.max_steps. Set it when
+    one schedule is spread over runs that stop early (each with its own max_steps)."""
     weight_decay: float = 0.1
     """AdamW weight decay."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])

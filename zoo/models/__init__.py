@@ -25,6 +25,8 @@ def padded_vocab(tokenizer_len: int, cfg: ModelConfig) -> int:
 def model_dims(cfg: ModelConfig, vocab_size: Optional[int], *, pad_token_id: int = 0) -> Union[GPTShape, BertShape]:
     """The shape of a transformer family (gpt, bert) from the config; the CNN's depends on
     the images and comes from `zoo.models.cnn.cnn_shape`."""
+    if cfg.family == "cnn":
+        raise ValueError("model.family=cnn has no transformer dimensions; see zoo.models.cnn.cnn_shape")
     dims = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
                 ffn_mult=cfg.ffn_mult, dropout=cfg.dropout)
     if cfg.family == "bert":

@@ -1,17 +1,20 @@
 """Tensor-parallel plans as data, and the one function that applies them.
 
-A plan is a table of (module-name pattern, style). `column` splits a Linear's outputs,
-`column_qkv` splits a fused [q; k; v] projection so each rank holds whole heads, `row`
-splits a Linear's inputs and all-reduces its output, `vocab` splits an embedding's rows,
-and `head` is the output layer tied to the vocab-parallel embedding (its logits stay
-vocab-sharded and go into the vocab-parallel loss). Attention is split by heads, the MLP
-by columns then rows: two all-reduces per layer in forward and two in backward.
+A family's `TPPlan` (`TP_PLANS` by family) is a table of (module-name pattern, style), the
+parameters tied across the swap and, for GPT, what sequence parallelism touches. `column`
+splits a Linear's outputs, `column_qkv` splits a fused [q; k; v] projection so each rank
+holds whole heads, `row` splits a Linear's inputs and all-reduces its output, `vocab`
+splits an embedding's rows, and `head` is the output layer tied to the vocab-parallel
+embedding (its logits stay vocab-sharded and go into the vocab-parallel loss). Attention
+is split by heads, the MLP by columns then rows: two all-reduces per layer in forward and
+two in backward.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from fnmatch import fnmatch
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,18 +25,59 @@ from zoo.parallel.mappings import reduce_from_tp_region, scatter_to_sequence_par
 
 Plan = Sequence[Tuple[str, str]]
 
-GPT_TP_PLAN: Plan = (
-    ("embed.wte", "vocab"),
-    ("h.*.attn.c_attn", "column_qkv"),
-    ("h.*.attn.c_proj", "row"),
-    ("h.*.mlp.c_fc", "column"),
-    ("h.*.mlp.c_proj", "row"),
-    ("lm_head", "head"),
-)
-
 # Modules whose parameters are replicated but, with sequence parallelism, see only this
 # rank's share of the sequence: their gradients are summed over the tp group.
 GPT_SEQUENCE_PARALLEL_NORMS = ("h.*.ln_1", "h.*.ln_2", "ln_f")
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    """How one model family is split over a tensor-parallel group."""
+
+    layers: Plan
+    """(module-name pattern, style) in the full model's names; the first match wins."""
+    ties: Tuple[Tuple[str, str], ...] = ()
+    """(parameter, the parameter it is tied to): tied again wherever a module holds both,
+    after a swap or after materialising (which unties them)."""
+    embedding: Optional[str] = None
+    """The module whose output sequence parallelism splits along the sequence; None: this
+    family has no sequence parallelism."""
+    sequence_parallel_norms: Tuple[str, ...] = ()
+    """Replicated modules that see a sequence shard under sequence parallelism."""
+
+
+GPT_TP_PLAN = TPPlan(
+    layers=(
+        ("embed.wte", "vocab"),
+        ("h.*.attn.c_attn", "column_qkv"),
+        ("h.*.attn.c_proj", "row"),
+        ("h.*.mlp.c_fc", "column"),
+        ("h.*.mlp.c_proj", "row"),
+        ("lm_head", "head"),
+    ),
+    ties=(("lm_head.weight", "embed.wte.weight"),),
+    embedding="embed",
+    sequence_parallel_norms=GPT_SEQUENCE_PARALLEL_NORMS,
+)
+
+# q, k and v are separate projections (HF's layout): split column-wise, each rank holds the
+# same whole heads of all three. The MLM decoder is the head tied to the vocab-parallel
+# word embeddings, its bias split with it; the head's transform stays replicated.
+BERT_TP_PLAN = TPPlan(
+    layers=(
+        ("bert.embeddings.word_embeddings", "vocab"),
+        ("bert.encoder.layer.*.attention.self.query", "column"),
+        ("bert.encoder.layer.*.attention.self.key", "column"),
+        ("bert.encoder.layer.*.attention.self.value", "column"),
+        ("bert.encoder.layer.*.attention.output.dense", "row"),
+        ("bert.encoder.layer.*.intermediate.dense", "column"),
+        ("bert.encoder.layer.*.output.dense", "row"),
+        ("cls.predictions.decoder", "head"),
+    ),
+    ties=(("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),),
+)
+
+TP_PLANS = {"gpt": GPT_TP_PLAN, "bert": BERT_TP_PLAN}
 
 
 def _replacement(module: nn.Module, style: str, tp_group, sequence_parallel: bool, device) -> nn.Module:
@@ -58,23 +102,41 @@ def _sum_grad_over(group):
     return lambda grad: reduce_from_tp_region(grad, group)
 
 
-def apply_tp_plan(model: nn.Module, tp_group, *, plan: Plan = GPT_TP_PLAN,
+def _find_parameter(root: nn.Module, name: str) -> Optional[nn.Parameter]:
+    try:
+        return root.get_parameter(name)
+    except AttributeError:
+        return None
+
+
+def tie_parameters(module: nn.Module, plan: TPPlan) -> None:
+    """Tie each of the plan's tied pairs that `module` holds both ends of."""
+    for name, source in plan.ties:
+        target, tied_to = _find_parameter(module, name), _find_parameter(module, source)
+        if target is not None and tied_to is not None:
+            owner, _, attr = name.rpartition(".")
+            setattr(module.get_submodule(owner), attr, tied_to)
+
+
+def apply_tp_plan(model: nn.Module, tp_group, *, plan: TPPlan = GPT_TP_PLAN,
                   sequence_parallel: bool = False, device: torch.device = torch.device("cpu"),
                   prefix: str = "") -> nn.Module:
     """Swap the plan's submodules of `model` (names relative to the full model via `prefix`)
     for this rank's tensor-parallel shards, in place."""
+    if sequence_parallel and plan.embedding is None:
+        raise ValueError("this model family has no sequence-parallel plan; set parallel.sequence_parallel=false")
     names = [(n, m) for n, m in model.named_modules() if n]
     for name, module in names:
         full = prefix + name
-        style = next((s for pattern, s in plan if fnmatch(full, pattern)), None)
+        style = next((s for pattern, s in plan.layers if fnmatch(full, pattern)), None)
         if style is not None:
             _set_submodule(model, name, _replacement(module, style, tp_group, sequence_parallel, device))
-    if hasattr(model, "lm_head") and hasattr(model, "embed"):
-        model.lm_head.weight = model.embed.wte.weight  # the tie survives the swap
+    tie_parameters(model, plan)  # the tie survives the swap
     if hasattr(model, "loss_fn"):
         model.loss_fn = functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
-    if sequence_parallel and hasattr(model, "embed"):
-        model.embed.register_forward_hook(lambda _m, _i, out: scatter_to_sequence_parallel_region(out, tp_group))
+    if sequence_parallel and hasattr(model, plan.embedding):
+        model.get_submodule(plan.embedding).register_forward_hook(
+            lambda _m, _i, out: scatter_to_sequence_parallel_region(out, tp_group))
     return model
 
 

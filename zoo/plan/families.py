@@ -84,9 +84,9 @@ class ModelDesc:
     """The output end (last pipeline stage): final norm, output projection, loss; its
     parameters exclude a projection tied to the embedding."""
     head_ties_embedding: bool
-    """The output projection is the embedding's weight. With pp > 1 the last stage builds
-    its own copy of the whole input-end piece (zoo's pipeline ties them with a DeepSpeed
-    TiedLayerSpec), so it holds the embedding's parameters too."""
+    """The output projection is the embedding's weight. With pp > 1 the last stage holds its
+    own copy of that (vocab-sharded) weight, tied to the first stage's by a DeepSpeed
+    TiedLayerSpec; the rest of the input end (e.g. position tables) stays on the first stage."""
     tokens_per_sample: int
     """Tokens per sample (the context length)."""
     hidden_size: int

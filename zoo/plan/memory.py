@@ -83,8 +83,8 @@ def stage_pieces(desc: ModelDesc, pp: int, stage: int) -> List[Piece]:
 
 def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
     """Parameters one tp rank of `stage` holds; the last of several stages also holds its copy
-    of a tied embedding."""
-    tied_copy = desc.embedding.params.per_rank(tp) if desc.head_ties_embedding and 0 < stage == pp - 1 else 0
+    of a tied embedding's shared (vocab-sharded) weight, not the rest of the input end."""
+    tied_copy = desc.embedding.params.sharded / tp if desc.head_ties_embedding and 0 < stage == pp - 1 else 0
     return sum(p.params.per_rank(tp) for p in stage_pieces(desc, pp, stage)) + tied_copy
 
 

@@ -84,6 +84,11 @@ class Task:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     # -- the end of a run -----------------------------------------------------------------
-    def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
-        """Family metrics from the plain model with the consolidated weights (rank 0)."""
+    def final_metrics(self, model, eval_loss: float) -> Dict[str, object]:
+        """Family metrics on rank 0; `model` is the plain model with the consolidated
+        weights when `final_metrics_need_weights()`, else None."""
         return {}
+
+    def final_metrics_need_weights(self) -> bool:
+        """Whether `final_metrics` needs the trained weights (consolidated on rank 0)."""
+        return True

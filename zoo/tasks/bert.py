@@ -54,12 +54,17 @@ class BertTask(Task):
     def build_model(self, layout: Layout, grid) -> nn.Module:
         cfg = self.cfg
         self.layout = layout
+        # Batches are padded to their longest sample, except under pp x tp: DeepSpeed's
+        # pipeline then splits the activations it sends over the tp group and keeps the shape
+        # of the first micro-batch's for every later one, so every batch is padded to the block.
+        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
         build = dict(seed=cfg.trainer.seed, device=self.device, tp_group=tp_group(grid))
         if layout.pp > 1:
             from zoo.parallel.pipeline import bert_pipeline
 
             return bert_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
-                                 activation_checkpointing=cfg.model.activation_checkpointing, **build)
+                                 activation_checkpointing=cfg.model.activation_checkpointing,
+                                 dynamic_shape=self.pad_to is None, **build)
         return build_model(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
 
     def plain_model(self) -> nn.Module:
@@ -80,7 +85,7 @@ class BertTask(Task):
     # -- batches ------------------------------------------------------------------------------
     def collate(self, split: str, indices: np.ndarray) -> Batch:
         numbers = (self.samples.train if split == "train" else self.samples.eval)[indices]
-        return self.batches.batch(numbers, split=split)
+        return self.batches.batch(numbers, split=split, length=self.pad_to)
 
     def micro_batch(self, consumed: int, micro: int, *, micro_batch: int, global_batch: int,
                     dp_rank: int, dp_size: int) -> Batch:
@@ -88,8 +93,8 @@ class BertTask(Task):
         start = micro_batch_start(consumed, micro, global_batch=global_batch, micro_batch=micro_batch,
                                   dp_rank=dp_rank, dp_size=dp_size)
         numbers = self.samples.train[self.stream.indices(start, micro_batch)]
-        return self._to_device(self.batches.batch(numbers, split="train",
-                                                  epochs=self.stream.epochs(start, micro_batch)))
+        return self._to_device(self.batches.batch(numbers, split="train", epochs=self.stream.epochs(start, micro_batch),
+                                                  length=self.pad_to))
 
     def num_eval(self) -> int:
         return len(self.samples.eval)
@@ -104,7 +109,10 @@ class BertTask(Task):
 
         micro = self._micro_and_dp()[0]
         starts = range(0, self.cfg.trainer.max_steps * self.cfg.trainer.global_batch_size, micro)
-        return padding_efficiency((self.stream.indices(s, micro) for s in starts), self.train_lengths)
+        batches = [self.stream.indices(s, micro) for s in starts]
+        if self.pad_to:
+            return float(sum(self.train_lengths[b].sum() for b in batches)) / (len(batches) * micro * self.pad_to)
+        return padding_efficiency(batches, self.train_lengths)
 
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:

@@ -25,15 +25,37 @@ class GPTTask(Task):
     family = "gpt"
 
     def prepare(self, run_dir: Path, rank: int) -> None:
+        cfg = self.cfg
+        if cfg.data.name == "prepared":  # pre-tokenized, memory-mapped (python -m data_pipelines.prepare)
+            self._prepare_pretokenized(run_dir, rank)
+        else:
+            self._prepare_documents(run_dir, rank)
+        self.stream = SampleStream(len(self.blocks.train), cfg.trainer.seed)
+
+    def _prepare_pretokenized(self, run_dir: Path, rank: int) -> None:
         from transformers import AutoTokenizer
 
-        from data_pipelines.corpus import pydoc_documents
+        from data_pipelines.prepare import PreparedBlocks
+
+        cfg, path = self.cfg, Path(self.cfg.data.path)
+        self.init_state = None
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+        self.shape = model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
+        self.blocks = PreparedBlocks(path, self.shape.block_size, cfg.data.eval_fraction)
+        self.data_counts = dict(self.blocks.meta.get("skipped", {}))
+        if rank == 0 and not (run_dir / "tokenizer").exists():
+            self.tokenizer.save_pretrained(str(run_dir / "tokenizer"))
+
+    def _prepare_documents(self, run_dir: Path, rank: int) -> None:
+        from transformers import AutoTokenizer
+
         from data_pipelines.lm import load_packed_blocks, prepare_packed_blocks
+        from data_pipelines.text_sources import read_documents
         from data_pipelines.tokenizer import load_tokenizer, train_gpt_tokenizer
 
         cfg = self.cfg
-        docs = pydoc_documents()
-        source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
+        documents = read_documents(cfg.data)
+        docs, source_key, self.data_counts = documents.texts, documents.key, documents.counts
         self.init_state, meta = None, None
         tok_dir = cfg.data.tokenizer
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
@@ -55,7 +77,6 @@ class GPTTask(Task):
         self.blocks = load_packed_blocks(entry)
         self.shape = (GPTShape(**meta, dropout=cfg.model.dropout) if meta is not None
                       else model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model)))
-        self.stream = SampleStream(len(self.blocks.train), cfg.trainer.seed)
 
     def build_model(self, layout: Layout, grid) -> nn.Module:
         cfg = self.cfg
@@ -85,6 +106,20 @@ class GPTTask(Task):
     def num_params(self) -> int:
         return count_parameters(self.shape)
 
+    def final_metrics_need_weights(self) -> bool:
+        return self.cfg.trainer.sample_tokens > 0  # perplexities come from the losses alone
+
+    def _unigram_perplexity(self) -> float:
+        from data_pipelines.lm import unigram_perplexity
+
+        counts = getattr(self.blocks, "unigram_counts", None)
+        if counts is None:
+            return unigram_perplexity(self.blocks.train, self.blocks.eval, self.shape.vocab_size)
+        # Prepared data: counts over the whole file (add-one), scored on up to 1024 held-out blocks.
+        logp = np.log((counts + 1.0) / (counts + 1.0).sum())
+        held = self.blocks.eval[np.arange(min(1024, len(self.blocks.eval)))][:, 1:].ravel()
+        return float(np.exp(-logp[held].mean()))
+
     def tokens_per_sample(self) -> int:
         return self.shape.block_size
 
@@ -98,13 +133,14 @@ class GPTTask(Task):
 
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
-        from data_pipelines.lm import unigram_perplexity
-
         out: Dict[str, object] = {
             "eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf"),
-            "unigram_perplexity": unigram_perplexity(self.blocks.train, self.blocks.eval, self.shape.vocab_size)}
+            "unigram_perplexity": self._unigram_perplexity(),
+            "padding_efficiency": 1.0,  # packed blocks: every slot is a real token
+            # What reading and packing skipped or repaired, counted (nothing is dropped silently).
+            "data": {**self.data_counts, **{k: self.blocks.meta[k] for k in ("documents", "tokens", "tail_tokens_dropped")}}}
         n = self.cfg.trainer.sample_tokens
-        if n > 0:
+        if n > 0 and model is not None:
             ids = torch.tensor([self.tokenizer(PROMPT)["input_ids"]])
             gen = model.generate(ids, n, generator=torch.Generator().manual_seed(self.cfg.trainer.seed))
             out["sample"] = self.tokenizer.decode(gen[0].tolist())
