@@ -44,8 +44,9 @@ def run_zoo(tmp_path_factory, zoo_cache):
     def run(*overrides: str, module: str = "zoo.train", check: bool = True, run_dir: Path | None = None,
             env: dict | None = None, timeout: int = 600, cmd: list | None = None) -> Run:
         run_dir = run_dir or runs / f"run{next(counter)}"
+        # wandb is the default logger; tests that are not about tracking turn it off.
         full_env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1",
-                    "PYTHONUNBUFFERED": "1", **(env or {})}
+                    "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", **(env or {})}
         argv = cmd or [sys.executable, "-m", module, f"hydra.run.dir={run_dir}", "trainer.progress=false",
                        *overrides]
         proc = subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -38,7 +38,7 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_
     steps = ["trainer.max_steps=40", "checkpoint.every=1", "checkpoint.keep=2"]
     full = run_zoo(*FAST, "trainer.max_steps=40")
     run_dir = tmp_path / "killed"
-    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     proc = subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, *steps],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

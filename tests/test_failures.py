@@ -18,7 +18,8 @@ FAST = ["debug=fast", "trainer.progress=false", "trainer.sample_tokens=0", "trai
 
 
 def start(run_dir: Path, zoo_cache: Path, *overrides: str) -> subprocess.Popen:
-    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "WANDB_MODE": "disabled"}
     return subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

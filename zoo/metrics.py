@@ -1,6 +1,7 @@
 """The run directory's record: metrics.jsonl (one object per logged step), summary.json at
-the end, the console line and the progress bar. Only rank 0 writes; other ranks hold a
-`RunLog` that does nothing, so call sites never branch on the rank.
+the end, the console line, the progress bar and the tracker (wandb, `zoo.tracking`). Only
+rank 0 writes; other ranks hold a `RunLog` that does nothing, so call sites never branch on
+the rank.
 """
 from __future__ import annotations
 
@@ -30,10 +31,40 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _percent(value: float) -> str:
+    return f"{value:.0%}" if value >= 0.01 or value == 0 else f"{value:.1%}"
+
+
+def console_line(r: Dict[str, Any]) -> str:
+    """One logged step on the console: what is there of the monitor's readings."""
+    parts = [f"step {r['step']:>6}", f"loss {r['loss']:.4f}", f"lr {r['lr']:.2e}"]
+    if r.get("grad_norm") is not None:
+        parts.append(f"gnorm {float(r['grad_norm']):.3g}")
+    if "loss_scale" in r:
+        parts.append(f"scale {r['loss_scale']:g}")
+    speed = (f"{r['tokens_per_s']:,.0f} tok/s" if r["tokens_per_s"] != r["samples_per_s"]
+             else f"{r['samples_per_s']:,.1f} samples/s")  # images count as one token each
+    parts += [speed, f"{r['step_time_s'] * 1e3:.0f} ms/step"]
+    if "mfu" in r:
+        parts.append(f"MFU {_percent(r['mfu'])}")
+    if "peak_mem_share" in r:
+        parts.append(f"mem {r['peak_mem_bytes'] / 2**30:.2f} GiB ({_percent(r['peak_mem_share'])})")
+    if "gpu_util" in r:
+        parts.append(f"util {_percent(r['gpu_util'])}")
+    for key, label in (("comm_share", "comm"), ("data_wait_share", "data wait")):
+        if key in r:
+            parts.append(f"{label} {_percent(r[key])}")
+    return " | ".join(parts)
+
+
 class RunLog:
-    def __init__(self, run_dir: Path, *, active: bool, total_steps: int, progress: bool, start_step: int = 0):
+    def __init__(self, run_dir: Path, *, active: bool, total_steps: int, progress: bool, start_step: int = 0,
+                 tracker=None):
+        from zoo.tracking import NullTracker
+
         self.run_dir = Path(run_dir)
         self.active = active
+        self.tracker = tracker or NullTracker()
         self._bar = None
         if active and progress and total_steps > 0:
             from tqdm import tqdm
@@ -42,14 +73,14 @@ class RunLog:
                              file=sys.stderr, disable=None)
 
     def step(self, record: Dict[str, Any]) -> None:
-        """Append one logged step to metrics.jsonl and echo it on the console."""
+        """Append one logged step to metrics.jsonl, echo it on the console, send it to the tracker."""
         if not self.active:
             return
+        plain = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in record.items()}
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        line = (f"step {record['step']:>6} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
-                f"{record['tokens_per_s']:,.0f} tok/s | {record['step_time_s'] * 1e3:.0f} ms/step")
-        self.write(line)
+            fh.write(json.dumps({k: _clean(v) for k, v in plain.items()}) + "\n")
+        self.write(console_line(plain))
+        self.tracker.log({k: v for k, v in plain.items() if k != "diagnosis"}, step=plain["step"])
 
     def advance(self, n: int, loss: Optional[float] = None) -> None:
         if self._bar is not None:
@@ -71,8 +102,14 @@ class RunLog:
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps({k: _clean(v) for k, v in values.items()}, indent=1) + "\n")
         os.replace(tmp, self.run_dir / "summary.json")
+        self.tracker.summary({k: _clean(v) for k, v in values.items() if k != "params_per_rank"})
 
     def close(self) -> None:
+        """Close the progress bar (the tracker stays open for the summary)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.close()
+        self.tracker.finish(exit_code)

@@ -1,6 +1,7 @@
-"""The training loop of one rank: steps through the DeepSpeed engine, periodic metrics,
-held-out evaluation, the consolidated weights and the run summary. Everything that
-differs between model families is the task's (`zoo.tasks`).
+"""The training loop of one rank: steps through the DeepSpeed engine on batches the loader
+prepared in the background (`zoo.data_loading`), the monitor's readings every log_every
+steps (`zoo.monitor`), held-out evaluation, the consolidated weights and the run summary.
+Everything that differs between model families is the task's (`zoo.tasks`).
 """
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import torch.distributed as dist
 from zoo import checkpoint
 from zoo.config.schema import Config
 from zoo.consolidate import consolidated_state_dict
+from zoo.data_loading import StepLoader
 from zoo.engine import initialize_engine, micro_batching
 from zoo.metrics import RunLog, peak_memory_bytes
+from zoo.monitor import Monitor
 from zoo.parallel.topology import Layout
 from zoo import signals
 from zoo.tasks.base import Task
+from zoo.tracking import open_tracker
 
 DIVERGED_EXIT_CODE = 3  # the loss stayed non-finite
 
@@ -41,8 +45,13 @@ class Trainer:
                      "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage}}
         self.ckpt_root = run_dir / "checkpoints"
         self.resumed_from = self._resume() if cfg.resume else None
+        self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
+        self.loader = None
+        tracker = open_tracker(cfg, layout, run_dir, self.rank, {
+            "world_size": layout.world_size, "layout": layout.name, "micro_batch_size": self.micro_batch_size,
+            "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)})
         self.log = RunLog(run_dir, active=self.rank == 0, total_steps=cfg.trainer.max_steps,
-                          progress=cfg.trainer.progress, start_step=self.step)
+                          progress=cfg.trainer.progress, start_step=self.step, tracker=tracker)
 
     # -- checkpoints ------------------------------------------------------------------------
     def _resume(self):
@@ -65,11 +74,18 @@ class Trainer:
                                meta=self.meta, keep=self.cfg.checkpoint.keep)
 
     # -- steps ------------------------------------------------------------------------------
-    def micro_batches(self):
+    def open_loader(self) -> StepLoader:
+        """The loader from the current data position on (after a resume: the checkpoint's)."""
         t = self.cfg.trainer
-        return [self.task.micro_batch(self.consumed, m, micro_batch=self.micro_batch_size,
-                                      global_batch=t.global_batch_size, dp_rank=self.dp_rank, dp_size=self.layout.dp)
-                for m in range(self.grad_accum)]
+        return StepLoader(self.task, self.device, start=self.consumed, end=t.max_steps * t.global_batch_size,
+                          global_batch=t.global_batch_size, micro_batch=self.micro_batch_size,
+                          grad_accum=self.grad_accum, dp_rank=self.dp_rank, dp_size=self.layout.dp,
+                          num_workers=self.cfg.data.num_workers)
+
+    def micro_batches(self):
+        """This rank's micro-batches of the step at the current data position."""
+        with self.monitor.waiting_for_data():
+            return self.loader.get(self.consumed)
 
     def _dp_mean(self, value: torch.Tensor) -> float:
         value = value.detach().float().clone()
@@ -116,9 +132,12 @@ class Trainer:
         self.log.write(f"zoo: {self.task.describe()} ({self.task.num_params():,} parameters) on {self.layout.name}, "
                        f"global batch {t.global_batch_size} = micro {self.micro_batch_size} x accum "
                        f"{self.grad_accum} x dp {self.layout.dp}, {self.cfg.precision.dtype}")
-        started = time.perf_counter()
-        window_start, window_steps, train_time, loss = time.perf_counter(), 0, 0.0, float("nan")
+        self.log.write(self.monitor.describe())
+        self.loader = self.open_loader()
+        started, first_step = time.perf_counter(), self.step
+        window_steps, train_time, loss = 0, 0.0, float("nan")
         bad_steps = 0  # consecutive steps whose loss was not finite
+        self.monitor.start_window()
         while self.step < t.max_steps:
             t0 = time.perf_counter()
             local_loss = self.train_step()
@@ -126,13 +145,11 @@ class Trainer:
             window_steps += 1
             if self.step % t.log_every == 0 or self.step == t.max_steps:
                 loss = self._dp_mean(local_loss)
-                step_time = (time.perf_counter() - window_start) / window_steps
-                self.log.step({"step": self.step, "loss": loss, "lr": self.engine.get_lr()[0],
-                               "grad_norm": self.engine.get_global_grad_norm(),
-                               "tokens_per_s": tokens_per_step / step_time,
-                               "samples_per_s": t.global_batch_size / step_time, "step_time_s": step_time,
-                               "peak_mem_bytes": peak_memory_bytes(self.device)})
-                window_start, window_steps = time.perf_counter(), 0
+                record, diagnoses = self.monitor.report(self.step, loss, window_steps)
+                self.log.step(record)
+                for line in diagnoses:
+                    self.log.write(f"zoo: diagnosis: {line}")
+                window_steps = 0
             self.log.advance(1, None if math.isnan(loss) else loss)
             received, nonfinite = self._agree([signals.received(), int(not torch.isfinite(local_loss))])
             bad_steps = bad_steps + 1 if nonfinite else 0
@@ -143,6 +160,7 @@ class Trainer:
             if received:
                 self._stop_on_signal(received)
         self.log.close()
+        self.loader.close()  # the task is the trainer's again (evaluation, final metrics)
         final_checkpoint = self.cfg.checkpoint.every or t.max_steps == 0  # max_steps=0: convert/evaluate
         if final_checkpoint and not (self.ckpt_root / f"step_{self.step:07d}").exists():
             self.save_checkpoint()
@@ -152,8 +170,8 @@ class Trainer:
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, local)
         self.log.summary({
-            "final_loss": loss, "eval_loss": eval_loss, **extras,
-            "tokens_per_s": tokens_per_step * self.step / train_time if train_time else 0.0,
+            "final_loss": loss, "eval_loss": eval_loss, **self.monitor.summary(train_time, self.step - first_step),
+            **extras, "tokens_per_s": tokens_per_step * (self.step - first_step) / train_time if train_time else 0.0,
             "steps": self.step, "world_size": self.layout.world_size, "tp": self.layout.tp,
             "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
             "params": self.task.num_params(), "params_per_rank": per_rank,
@@ -191,23 +209,33 @@ class Trainer:
     def finish(self, eval_loss: float) -> dict:
         """Consolidate the weights (collective), save them and compute the family's metrics
         with the plain model on rank 0."""
-        if not (self.cfg.checkpoint.save_final or self.cfg.trainer.sample_tokens > 0):
-            return {}
+        needs_weights = self.task.final_metrics_need_weights()
+        if not (self.cfg.checkpoint.save_final or needs_weights):
+            return self.task.final_metrics(None, eval_loss) if self.rank == 0 else {}
         state = consolidated_state_dict(self.engine.module, self.grid)
         if self.rank != 0:
             return {}
         if self.cfg.checkpoint.save_final:
             save_weights(state, self.run_dir / "model.safetensors", self.meta)
-        model = self.task.plain_model()
-        load_plain(model, state)
-        model.eval()
+        model = None
+        if needs_weights:
+            model = self.task.plain_model()
+            load_plain(model, state)
+            model.eval()
         extras = self.task.final_metrics(model, eval_loss)
         if extras.get("sample"):
             self.log.write(f"sample: {extras['sample']!r}")
         return extras
 
     def close(self) -> None:
-        self.log.close()
+        """Stop the loader and the monitor, finish the tracker (with the exit code when a
+        SystemExit or an error is on its way out)."""
+        err = sys.exc_info()[1]
+        code = 0 if err is None else (err.code if isinstance(err, SystemExit) and isinstance(err.code, int) else 1)
+        if self.loader is not None:
+            self.loader.close()
+        self.monitor.close()
+        self.log.finish(code)
 
 
 def save_weights(state: dict, path: Path, meta: dict) -> None:

@@ -93,7 +93,8 @@ class DataConfig:
     eval_fraction: float = 0.05
     """Share of the source held out for evaluation."""
     num_workers: int = 0
-    """DataLoader worker processes per rank."""
+    """DataLoader worker processes per rank preparing the next step's batches; 0: one
+    background thread."""
     cache_dir: Optional[str] = None
     """Where tokenizers and tokenized datasets are cached. None: $ZOO_CACHE or ~/.cache/zoo."""
 

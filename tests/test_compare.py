@@ -1,0 +1,52 @@
+"""`python -m zoo.compare` on two real runs: the table names exactly the config keys that
+differ and the runs' results; the PNG of loss curves and throughput is written."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.conftest import REPO
+from zoo.compare import Run, differing_keys, table
+
+FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
+        "trainer.global_batch_size=8", "trainer.max_steps=4", "trainer.log_every=1"]
+
+
+def compare(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zoo.compare", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_differing_keys_only():
+    a = Run("a", {"optim.lr": 0.001, "model.family": "gpt", "logger.tags": []}, {"final_loss": 1.0}, [])
+    b = Run("b", {"optim.lr": 0.002, "model.family": "gpt", "logger.tags": [], "extra": 1}, {}, [])
+    assert differing_keys([a, b]) == ["extra", "optim.lr"]
+    text = table([a, b])
+    assert "<unset>" in text and "model.family" not in text and "1.0000" in text
+
+
+def test_compare_two_real_runs(run_zoo, tmp_path):
+    a = run_zoo(*FAST, "trainer.micro_batch_size=2")
+    b = run_zoo(*FAST, "trainer.micro_batch_size=4", "optim.lr=0.002")
+    png = tmp_path / "runs.png"
+    out = compare(str(a.run_dir), str(b.run_dir), "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    config_rows = lines[lines.index("-- config (differing keys) --") + 1:lines.index("-- results --")]
+    assert [row.split()[0] for row in config_rows] == ["optim.lr", "trainer.micro_batch_size"]
+    assert config_rows[1].split()[1:] == ["2", "4"]
+    results = {label: cells for label, *cells in (re.split(r"\s{2,}", row.strip())
+                                                  for row in lines[lines.index("-- results --") + 1:])}
+    assert results["final loss"] == [f"{a.summary['final_loss']:.4f}", f"{b.summary['final_loss']:.4f}"]
+    assert {"tokens/s", "MFU", "peak memory GiB", "communication share", "data wait share"} <= results.keys()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(png).shape
+    assert (width, height) == (1200, 450)
+
+
+def test_not_a_run_dir_is_one_line_and_exit_2(tmp_path):
+    out = compare(str(tmp_path))
+    assert out.returncode == 2 and "is not a run directory" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,422 @@
+"""The live monitor: every `trainer.log_every` steps, what the run achieves and where its
+time goes, and a one-line diagnosis when a reading crosses a threshold.
+
+Readings (metrics.jsonl keys): loss, lr, grad_norm, loss_scale (fp16), tokens_per_s,
+samples_per_s, step_time_s, mfu, peak_mem_bytes, peak_mem_share, gpu_util (CUDA with NVML),
+comm_share, data_wait_share, padding_efficiency, diagnosis.
+
+- MFU = model FLOPs per second per device / the device's peak. Model FLOPs per token of a
+  transformer (PaLM appendix B, nanoGPT's estimate_mfu): 6N + 12*L*H*Q*T, N the parameters
+  without the position table, L layers, H heads of size Q, T the tokens attended; of a CNN:
+  3x one forward pass counted by torch's FlopCounterMode. A task may define
+  `flops_per_sample()` instead. Peaks: the table below for CUDA (dense, no sparsity); on CPU a
+  matmul timed once at start with this rank's threads.
+- comm_share: wall time inside torch.distributed calls (DeepSpeed's included: deepspeed.comm
+  calls torch.distributed) and waiting on their handles, over the window's wall time; mean
+  over ranks. On CUDA, timed with events on the issuing stream, overlapping calls merged: a
+  collective overlapped with compute counts too.
+- data_wait_share: time the step spent getting its micro-batches, max over ranks.
+- peak memory: max over ranks; its share is of the GPU's memory, or on CPU of the host's RAM
+  divided among the ranks on the host.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import threading
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from zoo.metrics import peak_memory_bytes
+
+# Dense peak TFLOP/s per GPU: (bf16/fp16, tf32, fp32), from NVIDIA's data sheets (sparsity halved away).
+PEAK_TFLOPS = {
+    "A100": (312.0, 156.0, 19.5),
+    "H100 PCIe": (756.0, 378.0, 51.0),
+    "H100 NVL": (835.0, 418.0, 60.0),
+    "H100": (989.0, 495.0, 67.0),  # SXM
+    "H200 NVL": (835.0, 418.0, 60.0),
+    "H200": (989.0, 495.0, 67.0),  # SXM
+}
+
+# (reading, threshold, above?, what is likely wrong and what to try)
+THRESHOLDS = [
+    ("gpu_util", 0.60, False, "device utilization {v:.0%} < 60%: the GPU idles, likely waiting for data or for "
+                              "slower ranks (load imbalance); check data_wait_share, balance the pipeline stages "
+                              "(parallel.partition_method) or give each rank equal work"),
+    ("comm_share", 0.20, True, "communication {v:.0%} of step time > 20% (collectives, and waiting in them for "
+                               "slower ranks or pipeline stages): the layout communicates too much for this "
+                               "topology; keep tp inside a node, lower tp, pp or dp, use more micro-batches per "
+                               "step (parallel.num_microbatches, accumulation), or ask `python -m zoo.plan`"),
+    ("peak_mem_share", 0.80, True, "peak memory {v:.0%} of the device > 80%: use a smaller trainer.micro_batch_size "
+                                   "(more accumulation), model.activation_checkpointing=true or a higher "
+                                   "parallel.zero_stage"),
+    ("data_wait_share", 0.05, True, "waiting for data {v:.0%} of step time > 5%: the loader is too slow; raise "
+                                    "data.num_workers, pre-tokenize the data (`python -m data_pipelines.prepare`, "
+                                    "data=prepared), use pinned memory (on with CUDA)"),
+]
+
+
+# -- FLOPs and peaks ------------------------------------------------------------------------
+def transformer_flops_per_token(params: int, n_layer: int, n_embd: int, block_size: int, seq_len: int) -> float:
+    """6N + 12*L*H*Q*T (H*Q = n_embd); N excludes the position table, which does no matmul."""
+    return 6 * (params - block_size * n_embd) + 12 * n_layer * n_embd * seq_len
+
+
+def forward_flops(model: torch.nn.Module, sample: torch.Tensor) -> float:
+    """FLOPs of one forward pass over `sample`, counted on the meta device (no memory, no time)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(sample)
+    return float(counter.get_total_flops())
+
+
+def model_flops_per_sample(task) -> tuple[Optional[float], str]:
+    """(training FLOPs, forward + backward, of one sample; how they were counted), as the
+    task says or by family."""
+    if hasattr(task, "flops_per_sample"):
+        return task.flops_per_sample(), "the task's flops_per_sample()"
+    if task.family in ("gpt", "bert"):
+        shape, tokens = task.shape, task.tokens_per_sample()
+        return (tokens * transformer_flops_per_token(task.num_params(), shape.n_layer, shape.n_embd,
+                                                     shape.block_size, tokens), "6N + 12*L*H*Q*T")
+    if task.family == "cnn":
+        import numpy as np
+
+        x, _ = task.collate("train", np.zeros(1, dtype=np.int64))
+        with torch.device("meta"):
+            model = task.plain_model()
+        return 3 * forward_flops(model, x.to("meta")), "3 x one forward pass, counted"
+    return None, "unknown for this family"
+
+
+def measured_matmul_flops(dtype: torch.dtype) -> float:
+    """FLOP/s of a square matmul with this process's threads: grown until one takes >= 20 ms,
+    then the best of five (so that a moment of contention does not lower the peak)."""
+    n = 256
+    while True:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a @ b  # warm-up
+        t0 = time.perf_counter()
+        a @ b
+        if time.perf_counter() - t0 >= 0.02 or n >= 4096:
+            break
+        n *= 2
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def device_peak_flops(device: torch.device, dtype: str) -> tuple[Optional[float], str]:
+    """(peak FLOP/s of one device for `dtype`, where the number comes from)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, (half, tf32, fp32) in PEAK_TFLOPS.items():  # the specific variants come first
+            if all(part in name for part in key.split()):
+                if dtype in ("bf16", "fp16"):
+                    return half * 1e12, f"{key} dense {dtype}"
+                if torch.backends.cuda.matmul.allow_tf32:
+                    return tf32 * 1e12, f"{key} tf32"
+                return fp32 * 1e12, f"{key} fp32"
+        return None, f"no peak known for {name}"
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    return measured_matmul_flops(torch_dtype), f"measured {dtype} matmul, {torch.get_num_threads()} thread(s)"
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import psutil
+
+    return psutil.virtual_memory().total // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def keep_fp32_grad_norm(engine) -> None:
+    """DeepSpeed computes the gradient norm when it clips fp32 gradients without ZeRO, but
+    keeps it only on its other paths: the same call, its result kept for get_global_grad_norm."""
+    if engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization():
+        return
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_fp32_gradients():
+        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
+                                                   max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+
+    engine.clip_fp32_gradients = clip_fp32_gradients
+
+
+def loss_scale(engine) -> Optional[float]:
+    """The dynamic loss scale of an fp16 engine (DeepSpeed's optimizers name it differently)."""
+    if not engine.fp16_enabled():
+        return None
+    opt = engine.optimizer
+    for attr in ("cur_scale", "loss_scale"):
+        value = getattr(opt, attr, None)
+        if value is not None:
+            return float(value)
+    return None
+
+
+# -- communication ----------------------------------------------------------------------------
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "_all_gather_base", "all_gather_coalesced", "all_gather_object", "gather", "gather_object", "scatter",
+               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single",
+               "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier", "broadcast_object_list")
+
+
+class CommTimer:
+    """Times every torch.distributed collective and point-to-point call of this process, and
+    every wait on a handle of an asynchronous one, by patching them while installed."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.counting = True
+        self._nested = threading.local()
+        self._restore: list = []
+        self.reset()
+
+    def install(self) -> None:
+        import torch.distributed.distributed_c10d as c10d
+
+        for module in (dist, c10d):  # DeepSpeed calls both
+            for name in COLLECTIVES:
+                fn = getattr(module, name, None)
+                if fn is not None:
+                    self._patch(module, name, self._timed(name, fn))
+        work = c10d.Work
+        self._patch(work, "wait", self._timed("wait", work.wait))
+        try:  # DeepSpeed's torch backend took these two functions when it was created
+            from deepspeed.comm import comm as ds_comm
+
+            cdb = ds_comm.cdb
+            if cdb is not None and hasattr(cdb, "all_gather_function"):
+                self._patch(cdb, "all_gather_function", cdb.get_all_gather_function())
+                self._patch(cdb, "reduce_scatter_function", cdb.get_reduce_scatter_function())
+        except ImportError:
+            pass
+
+    def uninstall(self) -> None:
+        for obj, name, old in reversed(self._restore):
+            setattr(obj, name, old)
+        self._restore.clear()
+
+    def _patch(self, obj, name, new) -> None:
+        self._restore.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, new)
+
+    def _timed(self, name: str, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if not self.counting or getattr(self._nested, "on", False):  # e.g. all_gather_object -> all_gather
+                return fn(*args, **kwargs)
+            self._nested.on = True
+            start = self._mark()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._nested.on = False
+                self._spans.append((name, start, self._mark()))
+
+        return timed
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def reset(self) -> None:
+        self._spans: list = []
+        self._origin = self._mark()
+
+    def seconds(self) -> tuple[float, Dict[str, float]]:
+        """(time with a call in flight since the last reset, seconds by call), then reset."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            spans = [(n, self._origin.elapsed_time(a) / 1e3, self._origin.elapsed_time(b) / 1e3)
+                     for n, a, b in self._spans]
+        else:
+            spans = self._spans
+        by_name: Dict[str, float] = {}
+        for n, a, b in spans:
+            by_name[n] = by_name.get(n, 0.0) + b - a
+        total, reach = 0.0, -math.inf  # the union of the spans: concurrent calls count once
+        for _, a, b in sorted(spans, key=lambda s: s[1]):
+            total += max(0.0, b - max(a, reach))
+            reach = max(reach, b)
+        self.reset()
+        return total, by_name
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.counting = False
+        try:
+            yield
+        finally:
+            self.counting = True
+
+
+# -- GPU utilization ----------------------------------------------------------------------------
+class GpuUtilization:
+    """Mean utilization of this rank's GPU since the last reading, from NVML's samples
+    (nvidia-ml-py); `available` is False without CUDA or the package."""
+
+    def __init__(self, device: torch.device):
+        self.handle, self._since = None, 0
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            matching = [h for h in handles if uuid in str(pynvml.nvmlDeviceGetUUID(h))]
+            self.handle = matching[0] if matching else handles[device.index or 0]
+            self._nvml = pynvml
+        except Exception:  # no package, no driver access (containers): the reading is absent
+            self.handle = None
+
+    @property
+    def available(self) -> bool:
+        return self.handle is not None
+
+    def read(self) -> Optional[float]:
+        if self.handle is None:
+            return None
+        nv = self._nvml
+        try:
+            _, samples = nv.nvmlDeviceGetSamples(self.handle, nv.NVML_GPU_UTILIZATION_SAMPLES, self._since)
+            samples = [s for s in samples if s.timeStamp > self._since]
+            if samples:
+                self._since = max(s.timeStamp for s in samples)
+                return sum(s.sampleValue.uiVal for s in samples) / len(samples) / 100
+        except Exception:  # NVML_ERROR_NOT_FOUND when no new sample: the instantaneous reading
+            pass
+        try:
+            return nv.nvmlDeviceGetUtilizationRates(self.handle).gpu / 100
+        except Exception:
+            return None
+
+
+# -- the monitor ----------------------------------------------------------------------------------
+def diagnose(record: dict) -> Dict[str, str]:
+    """{reading: the line saying what is likely wrong and what to try} for each reading of
+    `record` over (or, for utilization, under) its threshold."""
+    out = {}
+    for key, limit, above, text in THRESHOLDS:
+        value = record.get(key)
+        if value is not None and (value > limit if above else value < limit):
+            out[key] = text.format(v=value)
+    return out
+
+
+class Monitor:
+    """Measures on every rank; `report` (collective: call it on every rank at the same step)
+    combines the ranks' readings of the window since the last report."""
+
+    def __init__(self, *, task, engine, cfg, layout, device: torch.device, rank: int):
+        t = cfg.trainer
+        self.engine, self.layout, self.device, self.rank = engine, layout, device, rank
+        keep_fp32_grad_norm(engine)
+        self.samples_per_step = t.global_batch_size
+        self.tokens_per_sample = task.tokens_per_sample()
+        self.tokens_per_step = t.global_batch_size * self.tokens_per_sample
+        per_sample, self.flops_how = model_flops_per_sample(task)
+        self.flops_per_step = per_sample * t.global_batch_size if per_sample else None
+        self.peak_flops, self.peak_source = (device_peak_flops(device, cfg.precision.dtype) if rank == 0
+                                             else (None, ""))
+        self.device_memory = device_memory_bytes(device)
+        # Real tokens / padded slots of the run's batches, as the task says; fixed-size samples: 1.
+        self.padding_efficiency = (task.padding_efficiency() if rank == 0 and hasattr(task, "padding_efficiency")
+                                   else 1.0)
+        self.comm = CommTimer(device)
+        self.comm.install()
+        self.gpu = GpuUtilization(device)
+        self.firing: set = set()
+        self.totals = {"wall": 0.0, "comm": 0.0, "data_wait": 0.0, "peak_mem_share": 0.0}
+        self.start_window()
+
+    def describe(self) -> str:
+        unit = "token" if self.tokens_per_sample > 1 else "sample"
+        flops = (f"{self.flops_per_step / self.tokens_per_step:.4g} per {unit} ({self.flops_how})"
+                 if self.flops_per_step else self.flops_how)
+        peak = f"{self.peak_flops / 1e12:.4g} TFLOP/s ({self.peak_source})" if self.peak_flops else self.peak_source
+        return f"zoo: monitor: model FLOPs {flops}; MFU against {peak} per device"
+
+    def start_window(self) -> None:
+        self._window_start, self._data_wait = time.perf_counter(), 0.0
+        self.comm.reset()
+
+    @contextlib.contextmanager
+    def waiting_for_data(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._data_wait += time.perf_counter() - t0
+
+    def report(self, step: int, loss: float, steps: int) -> tuple[dict, List[str]]:
+        """(the logged record of the window of `steps` steps, diagnosis lines that newly fire)."""
+        window = time.perf_counter() - self._window_start
+        comm_s, comm_by_call = self.comm.seconds()
+        util = self.gpu.read()
+        mine = torch.tensor([comm_s / window, self._data_wait / window, float(peak_memory_bytes(self.device)),
+                             math.nan if util is None else util], dtype=torch.float64, device=self.device)
+        ranks = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        with self.comm.paused():
+            dist.all_gather(ranks, mine)
+        ranks = torch.stack(ranks).cpu()
+        step_time = window / steps
+        utils = ranks[:, 3][~torch.isnan(ranks[:, 3])]
+        record = {
+            "step": step, "loss": loss, "lr": self.engine.get_lr()[0], "grad_norm": self.engine.get_global_grad_norm(),
+            "loss_scale": loss_scale(self.engine),
+            "tokens_per_s": self.tokens_per_step / step_time, "samples_per_s": self.samples_per_step / step_time,
+            "step_time_s": step_time, "mfu": self.mfu(step_time),
+            "peak_mem_bytes": int(ranks[:, 2].max()), "peak_mem_share": float(ranks[:, 2].max()) / self.device_memory,
+            "gpu_util": float(utils.mean()) if len(utils) else None,
+            "comm_share": min(1.0, float(ranks[:, 0].mean())), "data_wait_share": min(1.0, float(ranks[:, 1].max())),
+            "padding_efficiency": self.padding_efficiency,
+            "comm_s_by_call": {k: round(v, 6) for k, v in sorted(comm_by_call.items())},
+        }
+        record = {k: v for k, v in record.items() if v is not None}
+        for key, share in (("wall", 1.0), ("comm", record["comm_share"]), ("data_wait", record["data_wait_share"])):
+            self.totals[key] += share * window
+        self.totals["peak_mem_share"] = max(self.totals["peak_mem_share"], record["peak_mem_share"])
+        found = diagnose(record)
+        if found:
+            record["diagnosis"] = list(found.values())
+        new = [line for key, line in found.items() if key not in self.firing]
+        self.firing = set(found)
+        self.start_window()
+        return record, new
+
+    def mfu(self, step_time: float) -> Optional[float]:
+        if not (self.flops_per_step and self.peak_flops):
+            return None
+        return self.flops_per_step / step_time / self.layout.world_size / self.peak_flops
+
+    def summary(self, train_time: float, steps: int) -> dict:
+        """Whole-run figures for summary.json."""
+        wall = self.totals["wall"]
+        if not (wall and steps and train_time):  # nothing trained (max_steps=0, or resumed at the end)
+            return {"padding_efficiency": self.padding_efficiency}
+        out = {"samples_per_s": self.samples_per_step * steps / train_time, "comm_share": self.totals["comm"] / wall,
+               "data_wait_share": self.totals["data_wait"] / wall, "padding_efficiency": self.padding_efficiency,
+               "peak_mem_share": self.totals["peak_mem_share"], "mfu": self.mfu(train_time / steps)}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def close(self) -> None:
+        self.comm.uninstall()

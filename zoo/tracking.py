@@ -1,0 +1,122 @@
+"""Experiment tracking: a wandb run opened by rank 0, or a tracker that does nothing.
+
+`logger=wandb` logs online when credentials are configured (WANDB_API_KEY, or a netrc
+entry for the wandb host, which `wandb login` writes) and offline otherwise, into
+`RUN_DIR/wandb/` where `wandb sync RUN_DIR/wandb/offline-run-*` uploads it later. WANDB_MODE
+in the environment or `logger.mode` decide instead when set (`disabled`: no wandb at all). The run id is kept in the run
+directory, so a run resumed there (`resume=auto`) continues the same wandb run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import netrc
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+from urllib.parse import urlparse
+
+from zoo.config.schema import Config
+from zoo.parallel.topology import Layout
+
+RUN_ID_FILE = "wandb_run_id"
+
+
+class NullTracker:
+    """Stands in when tracking is off (logger=none, or any rank but 0)."""
+
+    def log(self, values: Mapping[str, Any], step: int) -> None:
+        pass
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        pass
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass
+
+
+class WandbTracker:
+    def __init__(self, run):
+        self.run = run
+
+    def log(self, values: Mapping[str, Any], step: int) -> None:
+        self.run.log({k: v for k, v in values.items() if k != "step"}, step=step)
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        self.run.summary.update(dict(values))
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=exit_code)
+            self.run = None
+
+
+def credentials_configured(env: Mapping[str, str] = os.environ) -> bool:
+    """An API key in the environment, or a netrc entry for the wandb host."""
+    if env.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = Path(env["NETRC"]) if env.get("NETRC") else Path(env.get("HOME", "~")).expanduser() / ".netrc"
+    try:
+        return netrc.netrc(str(path)).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode(configured: Optional[str], env: Mapping[str, str] = os.environ) -> str:
+    """`logger.mode` if set, else WANDB_MODE, else online exactly when credentials exist."""
+    mode = configured or env.get("WANDB_MODE")
+    if mode:
+        return {"dryrun": "offline", "run": "online"}.get(mode, mode)
+    return "online" if credentials_configured(env) else "offline"
+
+
+def default_name(cfg: Config, layout: Layout) -> str:
+    """model-size_layout, e.g. gpt-tiny_tp2-pp2-dp2_zero1."""
+    return f"{cfg.model.family}-{cfg.model.size}_{layout.name}"
+
+
+def default_group(cfg: Config) -> str:
+    """The experiment, so that the layouts of one experiment sit together; else model-size."""
+    return cfg.experiment or f"{cfg.model.family}-{cfg.model.size}"
+
+
+def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_config: Dict[str, Any]):
+    """A wandb run on rank 0 when logger.kind is wandb; a NullTracker otherwise."""
+    lg = cfg.logger
+    if lg.kind == "none" or rank != 0:
+        return NullTracker()
+    mode = wandb_mode(lg.mode)
+    if mode == "disabled":  # e.g. WANDB_MODE=disabled in a test suite: not even the import
+        return NullTracker()
+    # wandb's process-wide settings (its telemetry among them) read the mode from the
+    # environment, not from init(): offline there too, or it reaches out to its servers.
+    os.environ["WANDB_MODE"] = mode
+    import wandb
+
+    id_file = Path(run_dir) / RUN_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+
+    def init(mode: str, run_id: str):
+        return wandb.init(project=lg.project, entity=lg.entity, group=lg.group or default_group(cfg),
+                          name=lg.name or default_name(cfg, layout), tags=list(lg.tags) or None, mode=mode,
+                          dir=str(run_dir), id=run_id, resume="allow",
+                          config={**dataclasses.asdict(cfg), **extra_config},
+                          settings=wandb.Settings(console="off", quiet=True))
+
+    try:
+        run = init(mode, run_id)
+    except Exception as err:  # credentials, but the server cannot be reached (a compute node without internet)
+        if mode != "online":
+            raise
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"zoo: warning: wandb could not start online ({reason}); logging offline into the run directory "
+              f"instead", file=sys.stderr, flush=True)
+        os.environ["WANDB_MODE"] = mode = "offline"
+        run_id = uuid.uuid4().hex[:8]  # wandb's service still holds the first id
+        run = init(mode, run_id)
+    id_file.write_text(run_id + "\n")
+    where = run.url if mode == "online" else f"{Path(run.dir).parent} (upload it with `wandb sync`)"
+    print(f"zoo: wandb run {run.name} in group {run.group}, {mode}: {where}", file=sys.stderr, flush=True)
+    return WandbTracker(run)
