@@ -68,3 +68,24 @@ def test_export_errors_are_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "zoo.export", str(tmp_path / "missing"), str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "zoo.export: error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bert_export_then_transformers_logits_match(run_zoo, tmp_path):
+    from transformers import AutoTokenizer, BertForMaskedLM
+
+    from zoo.build import build_model
+    from zoo.models.bert import BertShape
+    from zoo.trainer import load_plain
+
+    run = run_zoo("model=bert", "debug=fast", "parallel=tp", "trainer.max_steps=2", "checkpoint.every=2")
+    out = export(run.run_dir, tmp_path / "bert_hf")
+    hf = BertForMaskedLM.from_pretrained(str(out)).eval()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    meta = json.loads((run.run_dir / "checkpoints" / "step_0000002" / "state.json").read_text())["shape"]
+    ours = build_model(BertShape(**meta, pad_token_id=tok.pad_token_id), seed=0, device=torch.device("cpu")).eval()
+    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))
+    enc = tok("the for statement is used to iterate", "over the elements of a sequence", return_tensors="pt")
+    with torch.no_grad():
+        expected = hf(**enc).logits
+        got = ours(torch.stack([enc["input_ids"], enc["token_type_ids"]], dim=1))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

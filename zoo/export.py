@@ -48,12 +48,13 @@ def export(src: Path, out: Path) -> Path:
     if family not in CONVERTERS:
         raise ValueError(f"export of family {family!r} is not supported; supported: {sorted(CONVERTERS)}")
     tokenizer = run_dir / "tokenizer"
-    eos = None
+    special = {}
     if tokenizer.is_dir():
         from transformers import AutoTokenizer
 
-        eos = AutoTokenizer.from_pretrained(str(tokenizer)).eos_token_id
-    config, hf_state = CONVERTERS[family][0](state, meta, eos_token_id=eos)
+        tok = AutoTokenizer.from_pretrained(str(tokenizer))
+        special = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    config, hf_state = CONVERTERS[family][0](state, meta, **special)
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)

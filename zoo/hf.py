@@ -1,7 +1,8 @@
 """Conversion between the zoo's plain models and Hugging Face transformers, per family.
 
 GPT <-> `GPT2LMHeadModel`: the same tensors under other names, the four projection
-matrices transposed (GPT-2 stores them as Conv1D, (in, out)). A family registers a
+matrices transposed (GPT-2 stores them as Conv1D, (in, out)). BERT <-> `BertForMaskedLM`:
+the same names. A family registers a
 converter with `to_hf(state, meta) -> (config, hf_state)` and `from_hf(dir) -> (meta, state)`.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ def _gpt_hf_name(name: str) -> str:
     return "transformer." + (name[len("embed."):] if name.startswith("embed.") else name)
 
 
-def gpt_to_hf(state: State, meta: dict, eos_token_id=None):
+def gpt_to_hf(state: State, meta: dict, eos_token_id=None, **_):
     from transformers import GPT2Config
 
     config = GPT2Config(bos_token_id=eos_token_id, eos_token_id=eos_token_id,vocab_size=meta["vocab_size"], n_positions=meta["block_size"], n_embd=meta["n_embd"],
@@ -57,9 +58,47 @@ def gpt_from_hf(directory: Path) -> Tuple[dict, State]:
     return meta, state
 
 
-CONVERTERS: Dict[str, Tuple[Callable, Callable]] = {"gpt": (gpt_to_hf, gpt_from_hf)}
-META_FROM_HF: Dict[str, Callable] = {"gpt": gpt_meta_from_hf}
-HF_MODEL_TYPES = {"gpt2": "gpt"}
+def bert_to_hf(state: State, meta: dict, pad_token_id=None, **_):
+    """BERT's names are already `BertForMaskedLM`'s; HF keeps the decoder bias under a
+    second name too (`cls.predictions.bias`), and ties the decoder weight to the word embeddings."""
+    from transformers import BertConfig
+
+    config = BertConfig(vocab_size=meta["vocab_size"], hidden_size=meta["n_embd"], num_hidden_layers=meta["n_layer"],
+                        num_attention_heads=meta["n_head"], intermediate_size=meta["ffn_mult"] * meta["n_embd"],
+                        max_position_embeddings=meta["block_size"], hidden_act="gelu", layer_norm_eps=1e-12,
+                        type_vocab_size=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        pad_token_id=pad_token_id or 0, tie_word_embeddings=True)
+    hf = {k: v for k, v in state.items() if k != "cls.predictions.decoder.weight"}
+    hf["cls.predictions.bias"] = hf["cls.predictions.decoder.bias"].clone()
+    return config, hf
+
+
+def bert_meta_from_hf(cfg: dict) -> dict:
+    return {"n_layer": cfg["num_hidden_layers"], "n_head": cfg["num_attention_heads"], "n_embd": cfg["hidden_size"],
+            "block_size": cfg["max_position_embeddings"], "vocab_size": cfg["vocab_size"],
+            "ffn_mult": cfg["intermediate_size"] // cfg["hidden_size"]}
+
+
+def bert_from_hf(directory: Path) -> Tuple[dict, State]:
+    from safetensors.torch import load_file
+
+    meta = bert_meta_from_hf(json.loads((directory / "config.json").read_text()))
+    state: State = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    if "cls.predictions.decoder.bias" not in state and "cls.predictions.bias" in state:
+        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+    state.pop("cls.predictions.bias", None)
+    state.pop("cls.predictions.decoder.weight", None)  # tied to the word embeddings
+    state.pop("bert.embeddings.position_ids", None)
+    if not state:
+        raise ValueError(f"{directory} holds no *.safetensors weights; save the model with safe_serialization=True")
+    return meta, state
+
+
+CONVERTERS: Dict[str, Tuple[Callable, Callable]] = {"gpt": (gpt_to_hf, gpt_from_hf), "bert": (bert_to_hf, bert_from_hf)}
+META_FROM_HF: Dict[str, Callable] = {"gpt": gpt_meta_from_hf, "bert": bert_meta_from_hf}
+HF_MODEL_TYPES = {"gpt2": "gpt", "bert": "bert"}
 
 
 def family_of_hf(directory: Path) -> str:
