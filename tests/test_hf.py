@@ -89,3 +89,15 @@ def test_bert_export_then_transformers_logits_match(run_zoo, tmp_path):
         expected = hf(**enc).logits
         got = ours(torch.stack([enc["input_ids"], enc["token_type_ids"]], dim=1))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bert_import_into_pp_then_export_again(run_zoo, tmp_path):
+    run = run_zoo("model=bert", "debug=fast", "trainer.max_steps=2", "checkpoint.every=2")
+    original = export(run.run_dir, tmp_path / "bert_original")
+    imported = run_zoo("model=bert", "debug=fast", "parallel=pp", "parallel.num_microbatches=4",
+                       f"model.init_from={original}",
+                       "trainer.max_steps=0", run_dir=tmp_path / "bert_imported")
+    assert imported.summary["steps"] == 0 and imported.summary["pp"] == 2
+    again = export(imported.run_dir / "checkpoints" / "step_0000000", tmp_path / "bert_again")
+    a, b = load_file(str(original / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -12,7 +12,7 @@ from data_pipelines.schedule import micro_batch_start
 from zoo.build import build_model, count_parameters
 from zoo.engine import micro_batching
 from zoo.models import model_dims, padded_vocab
-from zoo.models.bert import BertForMaskedLM
+from zoo.models.bert import BertForMaskedLM, BertShape
 from zoo.parallel.topology import Layout, tp_group
 from zoo.tasks.base import Batch, Task
 
@@ -30,21 +30,32 @@ class BertTask(Task):
         cfg = self.cfg
         docs = pydoc_documents()
         source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
-        tok_dir = cfg.data.tokenizer or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key,
+        self.init_state, meta, tok_dir = None, None, cfg.data.tokenizer
+        if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
+            from zoo.hf import read_hf
+
+            family, meta, self.init_state = read_hf(cfg.model.init_from)
+            if family != "bert":
+                raise ValueError(f"model.init_from={cfg.model.init_from} holds a {family} model, not a BERT")
+            if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
+                tok_dir = cfg.model.init_from
+        tok_dir = tok_dir or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key,
                                                                  cfg.data.cache_dir))
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         missing = [k for k in ("mask_token", "pad_token", "cls_token", "sep_token") if getattr(self.tokenizer, k) is None]
         if missing:
             raise ValueError(f"data.tokenizer={tok_dir!r} has no {', '.join(missing)}; masked-LM training needs "
                              f"BERT's special tokens (leave data.tokenizer null to train a WordPiece one)")
-        entry = prepare_mlm_samples(docs, tok_dir, block_size=model_dims(cfg.model, None).block_size,
+        block = meta["block_size"] if meta else model_dims(cfg.model, None).block_size
+        entry = prepare_mlm_samples(docs, tok_dir, block_size=block,
                                     eval_fraction=cfg.data.eval_fraction, source_key=source_key,
                                     cache_dir=cfg.data.cache_dir)
         if rank == 0:
             save_tokenizer(tok_dir, run_dir / "tokenizer")
         self.samples = load_mlm_samples(entry)
-        self.shape = model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model),
-                                pad_token_id=self.tokenizer.pad_token_id)
+        self.shape = (BertShape(**meta, dropout=cfg.model.dropout, pad_token_id=self.tokenizer.pad_token_id) if meta
+                      else model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model),
+                                      pad_token_id=self.tokenizer.pad_token_id))
         self.batches = MLMBatches(self.samples, self.tokenizer, seed=cfg.trainer.seed,
                                   mlm_probability=cfg.data.mlm_probability)
         self.train_lengths = self.samples.lengths[self.samples.train]
@@ -62,10 +73,16 @@ class BertTask(Task):
         if layout.pp > 1:
             from zoo.parallel.pipeline import bert_pipeline
 
-            return bert_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
-                                 activation_checkpointing=cfg.model.activation_checkpointing,
-                                 dynamic_shape=self.pad_to is None, **build)
-        return build_model(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
+            model = bert_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
+                                  activation_checkpointing=cfg.model.activation_checkpointing,
+                                  dynamic_shape=self.pad_to is None, **build)
+        else:
+            model = build_model(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
+        if self.init_state is not None:
+            from zoo.consolidate import assign_full_weights
+
+            assign_full_weights(model, self.init_state)
+        return model
 
     def plain_model(self) -> nn.Module:
         return BertForMaskedLM(self.shape)
@@ -108,6 +125,8 @@ class BertTask(Task):
         from data_pipelines.sampler import padding_efficiency
 
         micro = self._micro_and_dp()[0]
+        if self.cfg.trainer.max_steps == 0:  # nothing is trained (an import or evaluation run)
+            return 1.0
         starts = range(0, self.cfg.trainer.max_steps * self.cfg.trainer.global_batch_size, micro)
         batches = [self.stream.indices(s, micro) for s in starts]
         if self.pad_to:
@@ -134,7 +153,7 @@ class BertTask(Task):
             correct += int((predicted == labels)[selected].sum())
             baseline += int((labels[selected] == most_frequent).sum())
             total += int(selected.sum())
-        out: Dict[str, object] = {"padding_efficiency": self.padding_efficiency() if self.cfg.trainer.max_steps else 1.0}
+        out: Dict[str, object] = {"padding_efficiency": self.padding_efficiency()}
         if total:
             out.update(eval_accuracy=correct / total, baseline_accuracy=baseline / total, eval_masked_tokens=total,
                        baseline_token=self.tokenizer.convert_ids_to_tokens(most_frequent))
