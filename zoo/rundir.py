@@ -14,7 +14,7 @@ class RunDirError(ValueError):
 def check_writable(path: str | os.PathLike) -> None:
     """Create `path` if needed and write, sync and remove a probe file in it."""
     path = Path(path)
-    probe = path / ".zoo-write-probe"
+    probe = path / f".zoo-write-probe-{os.getpid()}"  # ranks of one run may probe at once
     try:
         path.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as fh:
