@@ -18,10 +18,11 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.config.cli import TaskStarted, run_hydra_app
 from zoo.config.schema import Config, register_configs
 
 register_configs()
-_task_started = False
+_task_started = TaskStarted()
 # Exit codes with which ranks stop after rank 0 printed the reason: a config error (2), a
 # diverged loss (3), a Slurm requeue request (75), SIGINT (130), SIGTERM (143).
 REPORTED_EXITS = (2, 3, 75, 130, 143)
@@ -104,8 +105,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def _hydra_main(dcfg: DictConfig) -> None:
-    global _task_started
-    _task_started = True
+    _task_started()
     from hydra.core.hydra_config import HydraConfig
 
     run(dcfg, HydraConfig.get().runtime.output_dir)
@@ -129,14 +129,7 @@ def main() -> None:
             check_writable(run_dir)
         except RunDirError as err:
             _fail(str(err), None)
-    try:
-        _hydra_main()
-    except SystemExit as exc:
-        # Hydra reports composition errors (unknown group option, misspelled key, wrong
-        # type) in one message and exits 1; they are config errors like ours: exit 2.
-        if exc.code == 1 and not _task_started:
-            sys.exit(2)
-        raise
+    run_hydra_app(_hydra_main, _task_started)
 
 
 if __name__ == "__main__":

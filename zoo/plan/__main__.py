@@ -17,12 +17,13 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.config.cli import TaskStarted, run_hydra_app
 from zoo.config.schema import register_configs
 from zoo.plan.schema import PlanRunConfig, register_plan_configs
 
 register_configs()
 register_plan_configs()
-_task_started = False
+_task_started = TaskStarted()
 
 
 def run(cfg: PlanRunConfig) -> str:
@@ -36,8 +37,7 @@ def run(cfg: PlanRunConfig) -> str:
 
 @hydra.main(version_base=None, config_path="../../conf", config_name="plan")
 def _hydra_main(dcfg: DictConfig) -> None:
-    global _task_started
-    _task_started = True
+    _task_started()
     cfg: PlanRunConfig = OmegaConf.to_object(dcfg)
     try:
         sys.stdout.write(run(cfg))
@@ -47,13 +47,7 @@ def _hydra_main(dcfg: DictConfig) -> None:
 
 
 def main() -> None:
-    try:
-        _hydra_main()
-    except SystemExit as exc:
-        # Hydra reports composition errors (unknown option, misspelled key, wrong type) and exits 1.
-        if exc.code == 1 and not _task_started:
-            sys.exit(2)
-        raise
+    run_hydra_app(_hydra_main, _task_started)
 
 
 if __name__ == "__main__":
