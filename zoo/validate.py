@@ -91,6 +91,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
 
 def _check_data(cfg: Config) -> None:
     d, family = cfg.data, cfg.model.family
+    _require(d.num_proc >= 1, f"data.num_proc={d.num_proc} must be >= 1")
     sources = DATA_SOURCES[family]
     if d.name not in sources:
         known = sorted({s for names in DATA_SOURCES.values() for s in names})

@@ -69,3 +69,13 @@ def test_packing_keeps_every_token_once():
     stream = [t for d in docs for t in (*d, 0)]
     assert blocks.ravel().tolist() + stream[len(blocks.ravel()):] == stream
     assert tail == len(stream) - blocks.size and tail < 5
+
+
+def test_tokenizing_with_several_processes_gives_the_same_ids(tmp_path):
+    from data_pipelines.corpus import pydoc_documents
+    from data_pipelines.lm import tokenize_documents
+    from data_pipelines.tokenizer import train_gpt_tokenizer
+
+    docs = pydoc_documents()[:20]
+    tok = str(train_gpt_tokenizer(docs, 512, "multi-proc-test", str(tmp_path)))
+    assert tokenize_documents(docs, tok, num_proc=2) == tokenize_documents(docs, tok, num_proc=1)

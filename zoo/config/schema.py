@@ -92,6 +92,8 @@ class DataConfig:
     """Vocabulary size of a tokenizer trained here."""
     eval_fraction: float = 0.05
     """Share of the source held out for evaluation."""
+    num_proc: int = 1
+    """Processes tokenizing in `datasets.map` (batched, fast tokenizer) when data is prepared."""
     num_workers: int = 0
     """DataLoader worker processes per rank preparing the next step's batches; 0: one
     background thread."""

@@ -67,7 +67,7 @@ class GPTTask(Task):
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
         block = meta["block_size"] if meta is not None else model_dims(cfg.model, None).block_size
         entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
-                                      source_key=source_key, cache_dir=cfg.data.cache_dir)
+                                      source_key=source_key, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
         if rank == 0 and not (run_dir / "tokenizer").exists():
             if os.path.isdir(tok_dir):
                 shutil.copytree(tok_dir, run_dir / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
