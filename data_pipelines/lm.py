@@ -9,7 +9,6 @@ cached as .npy files keyed by source, tokenizer and settings, and read memory-ma
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional

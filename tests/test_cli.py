@@ -2,7 +2,6 @@
 (one message naming the key, exit code 2, no traceback, nothing left in the run dir)."""
 from __future__ import annotations
 
-import json
 import math
 import sys
 

@@ -24,8 +24,8 @@ def test_torchrun_ranks_agree_on_one_run_dir(run_zoo, tmp_path):
     """Without hydra.run.dir each rank composes its own timestamped directory; rank 0's wins."""
     torchrun = Path(sys.executable).with_name("torchrun")
     out = tmp_path / "outputs"
-    run = run_zoo(cmd=[str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
-                       f"hydra.run.dir={out}/" + "${now:%H-%M-%S-%f}", "parallel=ddp", *FAST], run_dir=out)
+    run_zoo(cmd=[str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
+                 f"hydra.run.dir={out}/" + "${now:%H-%M-%S-%f}", "parallel=ddp", *FAST], run_dir=out)
     dirs = [d for d in out.iterdir() if d.is_dir()]
     assert len(dirs) == 1 and (dirs[0] / "summary.json").exists(), dirs
 
