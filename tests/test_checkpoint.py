@@ -25,12 +25,43 @@ def losses_by_step(run) -> dict:
 
 
 def test_exact_resume_is_bitwise(run_zoo, tmp_path):
+    """Both ways of reading a checkpoint on the layout that wrote it: DeepSpeed's per-rank
+    files (the default) and the layout-free files (checkpoint.native=false)."""
     full = run_zoo(*FAST, "trainer.max_steps=6")
     run_dir = tmp_path / "resumed"
     run_zoo(*FAST, "trainer.max_steps=3", "checkpoint.every=3", run_dir=run_dir)
+    step3 = run_dir / "checkpoints" / "step_0000003"
     resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=3", "resume=auto", run_dir=run_dir)
-    assert "resumed from" in resumed.stdout
+    assert "at step 3" in resumed.stdout and "read from its native files" in resumed.stdout
     assert losses_by_step(resumed) == losses_by_step(full)  # steps 1-3 before, 4-6 after: identical floats
+    portable = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.native=false", f"resume={step3}")
+    assert "read from its layout-free files" in portable.stdout
+    assert losses_by_step(portable) == {s: l for s, l in losses_by_step(full).items() if s > 3}
+
+
+class ExecutesCode:
+    """What a hostile pickle holds: unpickling it calls os.system."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path):
+    run_dir = tmp_path / "hostile"
+    run_zoo(*FAST, "trainer.max_steps=1", "checkpoint.every=1", run_dir=run_dir)
+    native = run_dir / "checkpoints" / "step_0000001" / "native"
+    marker = tmp_path / "code-ran"
+    for f in native.glob("*model_states.pt"):
+        torch.save({"module": ExecutesCode(marker)}, f)
+    bad = run_zoo(*FAST, "trainer.max_steps=2", "resume=auto", run_dir=run_dir, check=False)
+    assert bad.returncode == 2 and "refused to load" in bad.stderr and "checkpoint.native=false" in bad.stderr
+    assert not marker.exists() and "Traceback" not in bad.stderr
+    # the layout-free files of the same checkpoint are still there to resume from
+    ok = run_zoo(*FAST, "trainer.max_steps=2", "resume=auto", "checkpoint.native=false", run_dir=run_dir)
+    assert "layout-free files" in ok.stdout and not marker.exists()
 
 
 def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache):
@@ -71,13 +102,19 @@ def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path):
 # Layout changes, as one chain of runs that each take two steps and resume the previous
 # one's checkpoint: every transition below is one change of layout. Each run's losses must
 # continue the uninterrupted single-process run within 1e-5 relative.
+# "same" transitions resume on the layout that wrote the checkpoint: from DeepSpeed's own
+# per-rank files (the fast path); every other one reads the layout-free files.
+PP = ["parallel=pp", "parallel.num_microbatches=4"]
 CHAIN = [
-    (["parallel=pp", "parallel.num_microbatches=4"], "pp 2 (written)"),
+    (PP, "pp 2 (written)"),
+    (PP, "pp 2 same"),
     (["parallel=ddp"], "pp 2 -> 1"),
     (["parallel=tp"], "tp 1 -> 2"),
+    (["parallel=tp"], "tp 2 same"),
     (["parallel=ddp"], "tp 2 -> 1"),
     (["parallel=zero1"], "dp 1 -> 2"),
     (["parallel=zero3"], "ZeRO 1 -> 3"),
+    (["parallel=zero3"], "ZeRO 3 same"),
     (["parallel=ddp"], "dp 2 -> 1"),
 ]
 
@@ -93,6 +130,7 @@ def test_resume_on_another_layout(run_zoo, tmp_path):
         mine = [2 * i + 1, 2 * i + 2]
         if i:
             assert f"at step {2 * i}" in run.stdout, what
+            assert f"read from its {'native' if 'same' in what else 'layout-free'} files" in run.stdout, what
         torch.testing.assert_close(torch.tensor([got[s] for s in mine]), torch.tensor([ref[s] for s in mine]),
                                    rtol=1e-5, atol=0, msg=lambda m: f"{what}: {m}")
 

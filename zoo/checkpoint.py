@@ -13,11 +13,16 @@ Loading needs no pickle: safetensors and JSON only. Every rank reads just the te
 holds and slices its tensor-parallel shard. Writes go to a temporary directory that is
 renamed into place, and `checkpoints/latest` moves only after that, so a run killed while
 saving leaves the previous checkpoint usable. Same layout: the restore is exact, bit for bit.
+
+With `checkpoint.native=true` (the default) a checkpoint also holds DeepSpeed's per-rank files
+(zoo/native_checkpoint.py): a resume on the very layout that wrote it reads only its own
+shards from them, and every other layout reads the layout-free files.
 """
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
@@ -26,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from zoo import native_checkpoint
 from zoo.parallel.pipeline import plain_name
 from zoo.parallel.sharding import shard_tensor, unshard_tensors
 from zoo.parallel.topology import tp_group
@@ -104,8 +110,10 @@ def _optimizer_step(engine) -> int:
     return 0
 
 
-def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict, keep: int) -> Path:
-    """Write a checkpoint of this step (collective over all ranks); returns its directory."""
+def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict, keep: int,
+         native: bool = False) -> Path:
+    """Write a checkpoint of this step (collective over all ranks); returns its directory.
+    native: also DeepSpeed's per-rank files, for a fast resume on this layout."""
     from safetensors.torch import save_file
 
     rank, group = dist.get_rank(), tp_group(grid)
@@ -139,6 +147,8 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
                  "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
                  "loss_scale": getattr(engine.optimizer, "cur_scale", None), **meta}
         (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+    if native:
+        native_checkpoint.save(engine, tmp)
     dist.barrier()
     final = ckpt_root / name
     if rank == 0:
@@ -218,14 +228,42 @@ def _shard(full: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
     return shard_tensor(full, spec) if spec is not None else full
 
 
-@torch.no_grad()
-def load(engine, grid, path: Path) -> dict:
+def load(engine, grid, path: Path, native_key: Optional[dict] = None) -> Tuple[dict, str]:
     """Restore weights, optimizer, LR schedule, loss scale and RNG from `path` into this
-    rank's engine, whatever layout wrote it. Returns the checkpoint's state.json."""
+    rank's engine, whatever layout wrote it. Returns the checkpoint's state.json and how it
+    was read: "native" (DeepSpeed's per-rank shards: the layout that wrote it, native_key,
+    is this one) or "layout-free"."""
+    state = read_state(path)
+    if native_key is not None and native_checkpoint.usable(path, state, native_key):
+        try:
+            native_checkpoint.load(engine, path)
+        except pickle.UnpicklingError as err:
+            raise CheckpointError(f"refused to load {path / native_checkpoint.TAG}: it holds pickled objects outside "
+                                  f"the allowlist of plain data ({str(err).splitlines()[0]}); resume with "
+                                  f"checkpoint.native=false to read the layout-free safetensors files") from None
+        how = "native"
+    else:
+        _load_layout_free(engine, path, state)
+        how = "layout-free"
+    if engine.lr_scheduler is not None:
+        # The schedule's position is loaded, but the optimizer's learning rates are the ones
+        # of the run that wrote the checkpoint (whose schedule may have been shorter): step the
+        # schedule to its position, so the next update uses this run's rate for it.
+        engine.lr_scheduler.step(engine.lr_scheduler.last_batch_iteration)
+    from safetensors.torch import load_file
+
+    rngs = load_file(str(path / "rng.safetensors"))
+    key = f"rank_{dist.get_rank()}" if len(rngs) == dist.get_world_size() else "rank_0"
+    torch.set_rng_state(rngs[key])
+    engine.global_steps = state["step"]
+    return state, how
+
+
+@torch.no_grad()
+def _load_layout_free(engine, path: Path, state: dict) -> None:
     import deepspeed
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    state = read_state(path)
     _ensure_optimizer_state(engine)
     weights, optim = _Tensors(path, "model"), _Tensors(path, "optim")
     base = _base_optimizer(engine)
@@ -258,15 +296,5 @@ def load(engine, grid, path: Path) -> dict:
                 else state["optimizer_step"]
     if engine.lr_scheduler is not None and state.get("lr_scheduler"):
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        # Loading the position does not touch the optimizer's learning rates: step the
-        # schedule to it so the next update uses the rate of this iteration.
-        engine.lr_scheduler.step(engine.lr_scheduler.last_batch_iteration)
     if state.get("loss_scale") is not None and hasattr(engine.optimizer, "cur_scale"):
         engine.optimizer.cur_scale = state["loss_scale"]
-    from safetensors.torch import load_file
-
-    rngs = load_file(str(path / "rng.safetensors"))
-    key = f"rank_{dist.get_rank()}" if len(rngs) == dist.get_world_size() else "rank_0"
-    torch.set_rng_state(rngs[key])
-    engine.global_steps = state["step"]
-    return state

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zoo import checkpoint
+from zoo import checkpoint, native_checkpoint
 from zoo.config.schema import Config
 from zoo.consolidate import consolidated_state_dict
 from zoo.data_loading import StepLoader
@@ -42,7 +42,8 @@ class Trainer:
         self.step = 0
         self.consumed = 0  # samples, globally: the layout-free data position
         self.meta = {"family": cfg.model.family, "shape": task.model_meta(),
-                     "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage}}
+                     "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage},
+                     "native": native_checkpoint.layout_key(layout, cfg)}
         self.ckpt_root = run_dir / "checkpoints"
         self.resumed_from = self._resume() if cfg.resume else None
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
@@ -61,17 +62,20 @@ class Trainer:
                 print("zoo: resume=auto: no checkpoint in this run directory yet; starting fresh", flush=True)
             return None
         checkpoint.check_compatible(checkpoint.read_state(path), self.meta, path)
-        state = checkpoint.load(self.engine, self.grid, path)
+        native_key = self.meta["native"] if self.cfg.checkpoint.native else None
+        t0 = time.perf_counter()
+        state, how = checkpoint.load(self.engine, self.grid, path, native_key=native_key)
+        took = time.perf_counter() - t0
         self.step, self.consumed = state["step"], state["consumed"]
         if self.rank == 0:
             was = state.get("layout", {})
             print(f"zoo: resumed from {path} at step {self.step} (written under tp{was.get('tp')}-pp{was.get('pp')}"
-                  f"-dp{was.get('dp')}_zero{was.get('zero_stage')})", flush=True)
+                  f"-dp{was.get('dp')}_zero{was.get('zero_stage')}; read from its {how} files in {took:.2f} s)", flush=True)
         return path
 
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
-                               meta=self.meta, keep=self.cfg.checkpoint.keep)
+                               meta=self.meta, keep=self.cfg.checkpoint.keep, native=self.cfg.checkpoint.native)
 
     # -- steps ------------------------------------------------------------------------------
     def open_loader(self) -> StepLoader:

@@ -181,6 +181,10 @@ class CheckpointConfig:
     """Checkpoints kept in the run directory."""
     save_final: bool = True
     """Write the consolidated, layout-free weights to model.safetensors at the end."""
+    native: bool = True
+    """Also write DeepSpeed's per-rank files in each checkpoint, and resume from them when the
+    layout is the one that wrote them: each rank reads only its own shards. Other layouts, and
+    every resume with this off, read the layout-free files."""
 
 
 @dataclass

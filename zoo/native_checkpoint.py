@@ -1,0 +1,78 @@
+"""The fast path for resuming on the layout that wrote a checkpoint: DeepSpeed's own files.
+
+Next to the layout-free files (zoo/checkpoint.py), a checkpoint holds `native/`: what
+`engine.save_checkpoint` writes, each rank its own shard (its tensor-parallel slice, its
+ZeRO partition of the fp32 master weights and AdamW moments, its pipeline stage's layers),
+with no gather over any group. A resume whose layout key (tp, pp, dp, ZeRO stage, precision,
+pipeline partition) equals the checkpoint's reads just those shards back; any other layout
+reads the layout-free files.
+
+DeepSpeed loads its files with `torch.load(weights_only=False)`, which runs whatever a pickle
+says. Here it loads through torch's weights_only unpickler instead, with an allowlist of the
+few plain DeepSpeed data classes its files hold: a file that needs anything else is refused.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TAG = "native"
+
+
+def layout_key(layout, cfg) -> dict:
+    """What must match for one rank's native shard to be this rank's shard."""
+    return {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage,
+            "precision": cfg.precision.dtype, "sequence_parallel": cfg.parallel.sequence_parallel,
+            "partition_method": cfg.parallel.partition_method if layout.pp > 1 else None}
+
+
+def save(engine, directory: Path) -> None:
+    """Every rank writes its shards to `directory/native/` (collective)."""
+    engine.save_checkpoint(str(directory), tag=TAG, client_state={}, save_latest=False)
+    for script in ("zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed's converters: zoo.export does that
+        (directory / script).unlink(missing_ok=True)
+
+
+def usable(path: Path, state: dict, key: dict) -> bool:
+    return (path / TAG).is_dir() and state.get("native") == key
+
+
+def _safe_globals() -> list:
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    found = [fragment_address, ZeroStageEnum]
+    try:  # the loss scaler's state in fp16/bf16 checkpoints, where this DeepSpeed has it
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler, DynamicLossScaler
+        found += [LossScaler, DynamicLossScaler]
+    except ImportError:
+        pass
+    return found
+
+
+class _WeightsOnlyEngine:
+    """DeepSpeed's checkpoint engine with loading through torch's weights_only unpickler."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def load(self, path: str, map_location=None):
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def load(engine, path: Path) -> None:
+    """Restore module, optimizer and LR schedule from this rank's native shard."""
+    original = engine.checkpoint_engine
+    engine.checkpoint_engine = _WeightsOnlyEngine(original)
+    try:
+        loaded, _ = engine.load_checkpoint(str(path), tag=TAG, load_module_strict=True,
+                                           load_optimizer_states=True, load_lr_scheduler_states=True)
+    finally:
+        engine.checkpoint_engine = original
+    if loaded is None:
+        raise RuntimeError(f"DeepSpeed could not read the native checkpoint in {path / TAG}")
