@@ -57,8 +57,21 @@ def test_misspelled_key_names_the_key():
 
 
 def test_wrong_type_names_the_key():
-    with pytest.raises(Exception, match="micro_batch_size"):
-        composed("trainer.micro_batch_size=lots")
+    with pytest.raises(Exception, match="max_steps"):
+        composed("trainer.max_steps=lots")
+
+
+def test_micro_batch_size_is_a_number_or_auto():
+    """micro_batch_size is the one int-or-"auto" key: checked by validation, before any process group."""
+    with pytest.raises(ConfigError, match=r"trainer.micro_batch_size='lots' must be positive: an integer, or auto"):
+        check(composed("trainer.micro_batch_size=lots"))
+    with pytest.raises(ConfigError, match="measures the peak memory of real training steps on a CUDA device"):
+        check(composed("trainer.micro_batch_size=auto"), cuda=False)
+    with pytest.raises(ConfigError, match="set parallel.num_microbatches"):
+        check(composed("parallel=pp", "trainer.micro_batch_size=auto"), cuda=True)
+    with pytest.raises(ConfigError, match="global_batch_size=33 is not divisible by dp\\(2\\)"):
+        check(composed("parallel=zero1", "trainer.micro_batch_size=auto", "trainer.global_batch_size=33"), cuda=True)
+    check(composed("parallel=zero1", "trainer.micro_batch_size=auto"), cuda=True)  # any global batch divisible by dp
 
 
 def check(cfg: Config, world=None, cuda=False):

@@ -27,11 +27,13 @@ def check_writable(path: str | os.PathLike) -> None:
                           f"hydra.run.dir or fix its permissions") from None
 
 
-def expected_bytes(num_params: int, *, save_final: bool, checkpoints_kept: int) -> int:
+def expected_bytes(num_params: int, *, save_final: bool, checkpoints_kept: int, native: bool = False) -> int:
     """What the run writes: fp32 final weights, and per kept checkpoint fp32 weights plus
-    AdamW's two moments (one more while a new one is written)."""
+    AdamW's two moments (one more while a new one is written); with native files, those
+    again plus the model's own weights (at most fp32)."""
     final = 4 * num_params if save_final else 0
-    return final + (checkpoints_kept + 1) * 12 * num_params if checkpoints_kept else final
+    per_checkpoint = (12 + (16 if native else 0)) * num_params
+    return final + (checkpoints_kept + 1) * per_checkpoint if checkpoints_kept else final
 
 
 def check_space(path: str | os.PathLike, needed: int) -> None:

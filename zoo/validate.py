@@ -57,7 +57,8 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
              f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPES)}")
     _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
     _check_data(cfg)
-    for key in ("global_batch_size", "micro_batch_size", "log_every"):
+    _check_micro_batch(cfg, layout, cuda_available)
+    for key in ("global_batch_size", "log_every"):
         _require(getattr(t, key) > 0, f"trainer.{key}={getattr(t, key)} must be positive")
     _require(t.max_steps >= 0, f"trainer.max_steps={t.max_steps} must be >= 0")
     _require(t.eval_batches >= 0, f"trainer.eval_batches={t.eval_batches} must be >= 0")
@@ -171,10 +172,29 @@ def _check_cnn(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, s
     return shape.num_blocks, "residual blocks"
 
 
+def _check_micro_batch(cfg: Config, layout: Layout, cuda_available: bool) -> None:
+    mb, p = cfg.trainer.micro_batch_size, cfg.parallel
+    if mb != "auto":
+        _require(isinstance(mb, int) and not isinstance(mb, bool) and mb > 0,
+                 f"trainer.micro_batch_size={mb!r} must be positive: an integer, or auto")
+        return
+    _require(cuda_available, "trainer.micro_batch_size=auto measures the peak memory of real training steps on a "
+                             "CUDA device and none is visible; set a number (python -m zoo.plan suggests one)")
+    _require(layout.pp == 1 and p.num_microbatches is None,
+             f"trainer.micro_batch_size=auto: with parallel.pp={layout.pp} / parallel.num_microbatches="
+             f"{p.num_microbatches} the micro-batch is global / (dp x micro-batches) and not set directly; "
+             f"drop auto and set parallel.num_microbatches (2-4 x the stages)")
+    _require(cfg.trainer.global_batch_size % layout.dp == 0,
+             f"trainer.global_batch_size={cfg.trainer.global_batch_size} is not divisible by dp({layout.dp}); "
+             f"set it to a multiple of {layout.dp}")
+
+
 def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
     t, p = cfg.trainer, cfg.parallel
     _require(p.num_microbatches is None or p.num_microbatches > 0,
              f"parallel.num_microbatches={p.num_microbatches} must be positive (or null)")
+    if t.micro_batch_size == "auto":  # the finder picks a divisor of global / dp (checked above)
+        return
     if layout.pp == 1 and p.num_microbatches is None:
         per_step, what = t.micro_batch_size * layout.dp, f"trainer.micro_batch_size({t.micro_batch_size}) * dp({layout.dp})"
     else:

@@ -69,6 +69,16 @@ def write_topology(layout: Layout, run_dir: Path, rank: int) -> None:
         print(text, end="", flush=True)
 
 
+def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.device, rank: int) -> None:
+    """trainer.micro_batch_size=auto: measure, and set the micro-batch this run will use."""
+    from zoo.batch_finder import describe, find_micro_batch_size
+
+    best, trials, budget = find_micro_batch_size(cfg, layout, grid, task, device)
+    cfg.trainer.micro_batch_size = best
+    if rank == 0:
+        print(describe(best, trials, budget, cfg.trainer.global_batch_size, layout.dp), flush=True)
+
+
 def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     """Run one rank of a training job."""
     from zoo import signals
@@ -107,15 +117,20 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     if rank == 0:
         try:
             check_space(run_path, expected_bytes(task.num_params(), save_final=cfg.checkpoint.save_final,
-                                                 checkpoints_kept=cfg.checkpoint.keep if cfg.checkpoint.every else 0))
+                                                 checkpoints_kept=cfg.checkpoint.keep if cfg.checkpoint.every else 0,
+                                                 native=cfg.checkpoint.native))
         except RunDirError as err:
             problem = [str(err)]
     dist.broadcast_object_list(problem, src=0)  # every rank stops, none waits in a collective
+    from zoo.batch_finder import BatchFinderError
+
     try:
         if problem[0]:
             raise RunDirError(problem[0])
+        if cfg.trainer.micro_batch_size == "auto":
+            _find_micro_batch(cfg, layout, grid, task, device, rank)
         trainer = Trainer(cfg, layout, grid, task, run_path, device)
-    except (CheckpointError, RunDirError) as err:  # user mistakes, reported like a config error
+    except (CheckpointError, RunDirError, BatchFinderError) as err:  # user mistakes, reported like a config error
         if rank == 0:
             print(f"zoo: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -156,8 +156,10 @@ class TrainerConfig:
     """Optimizer steps to run."""
     global_batch_size: int = 32
     """Samples per optimizer step, across all data-parallel replicas."""
-    micro_batch_size: int = 8
-    """Samples per forward/backward on one rank; accumulation is derived."""
+    micro_batch_size: Any = 8
+    """Samples per forward/backward on one rank; accumulation is derived. `auto` (CUDA): the
+    largest that keeps measured peak memory within 80% of the device (zoo/batch_finder.py).
+    Typed Any only because OmegaConf has no int-or-"auto" type: validation checks it."""
     seed: int = 1234
     """Seed for init, data order and dropout."""
     log_every: int = 10

@@ -46,7 +46,10 @@ def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_s
     """A warning when training `cfg` with `layout` is predicted not to fit a device; None when it fits."""
     from zoo.engine import micro_batching
 
-    micro, accum = micro_batching(cfg, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
+    if cfg.trainer.micro_batch_size == "auto":  # the finder picks it: warn when even 1 does not fit
+        micro, accum = 1, 1
+    else:
+        micro, accum = micro_batching(cfg, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
     fits, mem = predict_fit(cfg.model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction)
