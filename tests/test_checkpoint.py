@@ -16,27 +16,51 @@ import torch
 from data_pipelines.schedule import SampleStream, micro_batch_start
 from tests.conftest import REPO
 
+# Every run here shares one 20-step LR schedule (optim.decay_steps), whatever its max_steps,
+# so all of them must reproduce one uninterrupted 20-step run, step by step.
+STEPS = 20
 FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
-        "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
+        f"optim.decay_steps={STEPS}", "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
 
 
 def losses_by_step(run) -> dict:
     return {m["step"]: m["loss"] for m in run.metrics}
 
 
-def test_exact_resume_is_bitwise(run_zoo, tmp_path):
+@pytest.fixture(scope="module")
+def reference(run_zoo) -> dict:
+    """The uninterrupted run: losses by step."""
+    return losses_by_step(run_zoo(*FAST, f"trainer.max_steps={STEPS}"))
+
+
+@pytest.fixture(scope="module")
+def written(run_zoo, tmp_path_factory):
+    """A run stopped after step 3 with a checkpoint there; tests resume from copies of it."""
+    run_dir = tmp_path_factory.mktemp("written") / "run"
+    return run_zoo(*FAST, "trainer.max_steps=3", "checkpoint.every=3", run_dir=run_dir)
+
+
+def copy_run(written, tmp_path):
+    return shutil.copytree(written.run_dir, tmp_path / "run")
+
+
+def after(losses: dict, step: int) -> dict:
+    return {s: l for s, l in losses.items() if s > step}
+
+
+def test_exact_resume_is_bitwise(run_zoo, tmp_path, reference, written):
     """Both ways of reading a checkpoint on the layout that wrote it: DeepSpeed's per-rank
     files (the default) and the layout-free files (checkpoint.native=false)."""
-    full = run_zoo(*FAST, "trainer.max_steps=6")
-    run_dir = tmp_path / "resumed"
-    run_zoo(*FAST, "trainer.max_steps=3", "checkpoint.every=3", run_dir=run_dir)
-    step3 = run_dir / "checkpoints" / "step_0000003"
+    assert losses_by_step(written) == {s: reference[s] for s in (1, 2, 3)}
+    run_dir = copy_run(written, tmp_path)
     resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=3", "resume=auto", run_dir=run_dir)
     assert "at step 3" in resumed.stdout and "read from its native files" in resumed.stdout
-    assert losses_by_step(resumed) == losses_by_step(full)  # steps 1-3 before, 4-6 after: identical floats
+    want = {s: reference[s] for s in (4, 5, 6)}
+    assert after(losses_by_step(resumed), 3) == want  # identical floats
+    step3 = written.run_dir / "checkpoints" / "step_0000003"
     portable = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.native=false", f"resume={step3}")
     assert "read from its layout-free files" in portable.stdout
-    assert losses_by_step(portable) == {s: l for s, l in losses_by_step(full).items() if s > 3}
+    assert losses_by_step(portable) == want
 
 
 class ExecutesCode:
@@ -49,27 +73,21 @@ class ExecutesCode:
         return os.system, (f"touch {self.marker}",)
 
 
-def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path):
-    run_dir = tmp_path / "hostile"
-    run_zoo(*FAST, "trainer.max_steps=1", "checkpoint.every=1", run_dir=run_dir)
-    native = run_dir / "checkpoints" / "step_0000001" / "native"
+def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, written):
+    run_dir = copy_run(written, tmp_path)
     marker = tmp_path / "code-ran"
-    for f in native.glob("*model_states.pt"):
+    for f in (run_dir / "checkpoints" / "step_0000003" / "native").glob("*model_states.pt"):
         torch.save({"module": ExecutesCode(marker)}, f)
-    bad = run_zoo(*FAST, "trainer.max_steps=2", "resume=auto", run_dir=run_dir, check=False)
+    bad = run_zoo(*FAST, "trainer.max_steps=4", "resume=auto", run_dir=run_dir, check=False)
     assert bad.returncode == 2 and "refused to load" in bad.stderr and "checkpoint.native=false" in bad.stderr
     assert not marker.exists() and "Traceback" not in bad.stderr
-    # the layout-free files of the same checkpoint are still there to resume from
-    ok = run_zoo(*FAST, "trainer.max_steps=2", "resume=auto", "checkpoint.native=false", run_dir=run_dir)
-    assert "layout-free files" in ok.stdout and not marker.exists()
 
 
-def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache):
-    steps = ["trainer.max_steps=40", "checkpoint.every=1", "checkpoint.keep=2"]
-    full = run_zoo(*FAST, "trainer.max_steps=40")
+def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache, reference):
+    every = [f"trainer.max_steps={STEPS}", "checkpoint.every=1", "checkpoint.keep=2"]
     run_dir = tmp_path / "killed"
     env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, *steps],
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, *every],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     latest = run_dir / "checkpoints" / "latest"
@@ -80,23 +98,23 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_
     proc.wait()
     assert latest.exists(), "no checkpoint was written before the kill"
     killed_at = int(latest.read_text().strip().split("_")[1])
-    assert killed_at < 40, "the run finished before it was killed"
-    resumed = run_zoo(*FAST, *steps, "resume=auto", run_dir=run_dir)
+    assert killed_at < STEPS, "the run finished before it was killed"
+    resumed = run_zoo(*FAST, *every, "resume=auto", run_dir=run_dir)
     assert f"at step {killed_at}" in resumed.stdout
-    assert losses_by_step(resumed) == losses_by_step(full)
+    assert losses_by_step(resumed) == reference
 
 
-def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path):
-    run_dir = tmp_path / "partial"
-    run_zoo(*FAST, "trainer.max_steps=2", "checkpoint.every=2", run_dir=run_dir)
+def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path, reference, written):
+    run_dir = copy_run(written, tmp_path)
     ckpts = run_dir / "checkpoints"
-    # What a kill during the write of step 3 leaves: a temporary directory, latest unmoved.
-    partial = ckpts / ".step_0000003.tmp"
-    shutil.copytree(ckpts / "step_0000002", partial)
+    # What a kill during the write of step 4 leaves: a temporary directory, latest unmoved.
+    partial = ckpts / ".step_0000004.tmp"
+    shutil.copytree(ckpts / "step_0000003", partial)
     (partial / "model-000.safetensors").write_bytes(b"truncated")
     (partial / "state.json").unlink()
-    resumed = run_zoo(*FAST, "trainer.max_steps=4", "checkpoint.every=2", "resume=auto", run_dir=run_dir)
-    assert "at step 2" in resumed.stdout and resumed.summary["steps"] == 4
+    resumed = run_zoo(*FAST, "trainer.max_steps=5", "resume=auto", run_dir=run_dir)
+    assert "at step 3" in resumed.stdout and resumed.summary["steps"] == 5
+    assert after(losses_by_step(resumed), 3) == {4: reference[4], 5: reference[5]}
 
 
 # Layout changes, as one chain of runs that each take two steps and resume the previous
@@ -117,21 +135,20 @@ CHAIN = [
     (["parallel=zero3"], "ZeRO 3 same"),
     (["parallel=ddp"], "dp 2 -> 1"),
 ]
+assert 2 * len(CHAIN) == STEPS
 
 
-def test_resume_on_another_layout(run_zoo, tmp_path):
-    steps = 2 * len(CHAIN)
-    schedule = [f"optim.decay_steps={steps}", "checkpoint.every=2"]
-    ref = losses_by_step(run_zoo(*FAST, f"trainer.max_steps={steps}"))
+def test_resume_on_another_layout(run_zoo, tmp_path, reference):
     run_dir = tmp_path / "chain"
     for i, (layout, what) in enumerate(CHAIN):
-        run = run_zoo(*FAST, *layout, *schedule, f"trainer.max_steps={2 * (i + 1)}", "resume=auto", run_dir=run_dir)
+        run = run_zoo(*FAST, *layout, "checkpoint.every=2", f"trainer.max_steps={2 * (i + 1)}", "resume=auto",
+                      run_dir=run_dir)
         got = losses_by_step(run)
         mine = [2 * i + 1, 2 * i + 2]
         if i:
             assert f"at step {2 * i}" in run.stdout, what
             assert f"read from its {'native' if 'same' in what else 'layout-free'} files" in run.stdout, what
-        torch.testing.assert_close(torch.tensor([got[s] for s in mine]), torch.tensor([ref[s] for s in mine]),
+        torch.testing.assert_close(torch.tensor([got[s] for s in mine]), torch.tensor([reference[s] for s in mine]),
                                    rtol=1e-5, atol=0, msg=lambda m: f"{what}: {m}")
 
 
@@ -156,11 +173,10 @@ def test_data_position_carries_over_sample_by_sample(dp_before, dp_after):
     assert seen == list(stream.indices(0, 1120))
 
 
-def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path):
-    run_dir = tmp_path / "other"
-    run_zoo(*FAST, "trainer.max_steps=1", "checkpoint.every=1", run_dir=run_dir)
-    bad = run_zoo(*FAST, "trainer.max_steps=2", "model.n_layer=2", "resume=auto", run_dir=run_dir, check=False)
+def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path, written):
+    run_dir = copy_run(written, tmp_path)
+    bad = run_zoo(*FAST, "trainer.max_steps=4", "model.n_layer=2", "resume=auto", run_dir=run_dir, check=False)
     assert bad.returncode == 2, bad.stderr
     assert "n_layer" in bad.stderr and "Traceback" not in bad.stderr
-    state = json.loads((run_dir / "checkpoints" / "step_0000001" / "state.json").read_text())
+    state = json.loads((run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())
     assert state["shape"]["n_layer"] == 4

@@ -18,19 +18,25 @@ def test_rank_grid_for_8_ranks():
     assert "TP group: [0, 1]  hosts ['node0']" in text and "DP group: [0, 4]  hosts ['node0', 'node1']" in text
 
 
-def test_pp2_matches_pp1_over_10_steps(run_zoo):
-    common = ["trainer.max_steps=10", "trainer.global_batch_size=12", *STEPS]
-    ref = run_zoo("parallel=ddp", "trainer.micro_batch_size=2", *common)
-    run = run_zoo("parallel=pp", *common)
-    assert (run.summary["pp"], run.summary["micro_batch_size"], run.summary["grad_accum"]) == (2, 2, 6)
-    torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-5, atol=0)
+COMMON = ["trainer.max_steps=10", "trainer.global_batch_size=24", "model.n_layer=8", *STEPS]
+
+
+@pytest.fixture(scope="module")
+def single_process(run_zoo):
+    """The reference both layouts below must reproduce: one process, micro-batches of 2."""
+    return run_zoo("parallel=ddp", "trainer.micro_batch_size=2", *COMMON)
+
+
+def test_pp2_matches_pp1_over_10_steps(run_zoo, single_process):
+    run = run_zoo("parallel=pp", *COMMON)
+    assert (run.summary["pp"], run.summary["micro_batch_size"], run.summary["grad_accum"]) == (2, 4, 6)
+    torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(single_process.losses()), rtol=1e-5, atol=0)
     assert "topology.txt" in {p.name for p in run.run_dir.iterdir()}
 
 
-def test_3d_matches_single_process_and_splits_memory(run_zoo):
-    common = ["trainer.max_steps=10", "trainer.global_batch_size=24", "model.n_layer=8", *STEPS]
-    ref = run_zoo("parallel=ddp", "trainer.micro_batch_size=2", *common)
-    run = run_zoo("parallel=3d", *common)
+def test_3d_matches_single_process_and_splits_memory(run_zoo, single_process):
+    ref = single_process
+    run = run_zoo("parallel=3d", *COMMON)
     s = run.summary
     assert (s["tp"], s["pp"], s["dp"], s["world_size"]) == (2, 2, 2, 8)
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-4, atol=0)
