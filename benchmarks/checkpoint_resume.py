@@ -51,10 +51,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for layout in args.layouts.split(","):
             written = Path(tmp) / layout
-            run(written, *common, f"parallel={layout}", "trainer.max_steps=1", "checkpoint.every=1")
+            run(written, *common, f"parallel={layout}", "trainer.max_steps=1", "checkpoint.every=1",
+                "checkpoint.native=true")
             ckpt = written / "checkpoints" / "step_0000001"
             times = {}
-            for how, extra in (("native", []), ("layout-free", ["checkpoint.native=false"])):
+            for how, extra in (("native", ["checkpoint.native=true"]), ("layout-free", ["checkpoint.native=false"])):
                 times[how] = min(read_seconds(run(Path(tmp) / f"{layout}-{how}-{i}", *common, f"parallel={layout}",
                                                   "trainer.max_steps=1", f"resume={ckpt}", *extra), how)
                                  for i in range(args.repeats))

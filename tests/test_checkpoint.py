@@ -37,7 +37,7 @@ def reference(run_zoo) -> dict:
 def written(run_zoo, tmp_path_factory):
     """A run stopped after step 3 with a checkpoint there; tests resume from copies of it."""
     run_dir = tmp_path_factory.mktemp("written") / "run"
-    return run_zoo(*FAST, "trainer.max_steps=3", "checkpoint.every=3", run_dir=run_dir)
+    return run_zoo(*FAST, "trainer.max_steps=3", "checkpoint.every=3", "checkpoint.native=true", run_dir=run_dir)
 
 
 def copy_run(written, tmp_path):
@@ -53,7 +53,8 @@ def test_exact_resume_is_bitwise(run_zoo, tmp_path, reference, written):
     files (the default) and the layout-free files (checkpoint.native=false)."""
     assert losses_by_step(written) == {s: reference[s] for s in (1, 2, 3)}
     run_dir = copy_run(written, tmp_path)
-    resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=3", "resume=auto", run_dir=run_dir)
+    resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=3", "checkpoint.native=true", "resume=auto",
+                      run_dir=run_dir)
     assert "at step 3" in resumed.stdout and "read from its native files" in resumed.stdout
     want = {s: reference[s] for s in (4, 5, 6)}
     assert after(losses_by_step(resumed), 3) == want  # identical floats
@@ -78,7 +79,7 @@ def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, writt
     marker = tmp_path / "code-ran"
     for f in (run_dir / "checkpoints" / "step_0000003" / "native").glob("*model_states.pt"):
         torch.save({"module": ExecutesCode(marker)}, f)
-    bad = run_zoo(*FAST, "trainer.max_steps=4", "resume=auto", run_dir=run_dir, check=False)
+    bad = run_zoo(*FAST, "trainer.max_steps=4", "checkpoint.native=true", "resume=auto", run_dir=run_dir, check=False)
     assert bad.returncode == 2 and "refused to load" in bad.stderr and "checkpoint.native=false" in bad.stderr
     assert not marker.exists() and "Traceback" not in bad.stderr
 
@@ -121,7 +122,8 @@ def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path, reference, w
 # one's checkpoint: every transition below is one change of layout. Each run's losses must
 # continue the uninterrupted single-process run within 1e-5 relative.
 # "same" transitions resume on the layout that wrote the checkpoint: from DeepSpeed's own
-# per-rank files (the fast path); every other one reads the layout-free files.
+# per-rank files (the native path: on by default under ZeRO-3 only, on here for all); every
+# other one reads the layout-free files.
 PP = ["parallel=pp", "parallel.num_microbatches=4"]
 CHAIN = [
     (PP, "pp 2 (written)"),
@@ -141,8 +143,8 @@ assert 2 * len(CHAIN) == STEPS
 def test_resume_on_another_layout(run_zoo, tmp_path, reference):
     run_dir = tmp_path / "chain"
     for i, (layout, what) in enumerate(CHAIN):
-        run = run_zoo(*FAST, *layout, "checkpoint.every=2", f"trainer.max_steps={2 * (i + 1)}", "resume=auto",
-                      run_dir=run_dir)
+        run = run_zoo(*FAST, *layout, "checkpoint.every=2", "checkpoint.native=true", f"trainer.max_steps={2 * (i + 1)}",
+                      "resume=auto", run_dir=run_dir)
         got = losses_by_step(run)
         mine = [2 * i + 1, 2 * i + 2]
         if i:
@@ -180,3 +182,15 @@ def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path, written):
     assert "n_layer" in bad.stderr and "Traceback" not in bad.stderr
     state = json.loads((run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())
     assert state["shape"]["n_layer"] == 4
+
+
+@pytest.mark.parametrize("zero_stage, setting, on", [(3, None, True), (1, None, False), (0, None, False),
+                                                      (1, True, True), (3, False, False)])
+def test_native_files_by_default_only_under_zero3(zero_stage, setting, on):
+    from zoo.config.schema import Config
+    from zoo.native_checkpoint import enabled
+    from zoo.parallel.topology import Layout
+
+    cfg = Config()
+    cfg.checkpoint.native = setting
+    assert enabled(cfg, Layout(tp=1, pp=1, dp=2, zero_stage=zero_stage)) is on

@@ -14,7 +14,7 @@ holds and slices its tensor-parallel shard. Writes go to a temporary directory t
 renamed into place, and `checkpoints/latest` moves only after that, so a run killed while
 saving leaves the previous checkpoint usable. Same layout: the restore is exact, bit for bit.
 
-With `checkpoint.native=true` (the default) a checkpoint also holds DeepSpeed's per-rank files
+With `checkpoint.native` on (by default under ZeRO-3) a checkpoint also holds DeepSpeed's per-rank files
 (zoo/native_checkpoint.py): a resume on the very layout that wrote it reads only its own
 shards from them, and every other layout reads the layout-free files.
 """

@@ -62,7 +62,7 @@ class Trainer:
                 print("zoo: resume=auto: no checkpoint in this run directory yet; starting fresh", flush=True)
             return None
         checkpoint.check_compatible(checkpoint.read_state(path), self.meta, path)
-        native_key = self.meta["native"] if self.cfg.checkpoint.native else None
+        native_key = self.meta["native"] if native_checkpoint.enabled(self.cfg, self.layout) else None
         t0 = time.perf_counter()
         state, how = checkpoint.load(self.engine, self.grid, path, native_key=native_key)
         took = time.perf_counter() - t0
@@ -75,7 +75,8 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
-                               meta=self.meta, keep=self.cfg.checkpoint.keep, native=self.cfg.checkpoint.native)
+                               meta=self.meta, keep=self.cfg.checkpoint.keep,
+                               native=native_checkpoint.enabled(self.cfg, self.layout))
 
     # -- steps ------------------------------------------------------------------------------
     def open_loader(self) -> StepLoader:

@@ -111,6 +111,7 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
     from zoo.checkpoint import CheckpointError
+    from zoo import native_checkpoint
     from zoo.rundir import RunDirError, check_space, expected_bytes
 
     problem = [None]
@@ -118,7 +119,7 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
         try:
             check_space(run_path, expected_bytes(task.num_params(), save_final=cfg.checkpoint.save_final,
                                                  checkpoints_kept=cfg.checkpoint.keep if cfg.checkpoint.every else 0,
-                                                 native=cfg.checkpoint.native))
+                                                 native=native_checkpoint.enabled(cfg, layout)))
         except RunDirError as err:
             problem = [str(err)]
     dist.broadcast_object_list(problem, src=0)  # every rank stops, none waits in a collective

@@ -183,10 +183,10 @@ class CheckpointConfig:
     """Checkpoints kept in the run directory."""
     save_final: bool = True
     """Write the consolidated, layout-free weights to model.safetensors at the end."""
-    native: bool = True
+    native: Optional[bool] = None
     """Also write DeepSpeed's per-rank files in each checkpoint, and resume from them when the
-    layout is the one that wrote them: each rank reads only its own shards. Other layouts, and
-    every resume with this off, read the layout-free files."""
+    layout is the one that wrote them. None: only under ZeRO-3, the one stage where that was
+    measured faster than the layout-free files (benchmarks/checkpoint_resume.py)."""
 
 
 @dataclass
