@@ -9,7 +9,7 @@ position, optimizer step, LR schedule, loss scale, layout, model shape). Each st
 (dp 0, tp 0) rank writes its own files, so stages write in parallel; tensor-parallel
 shards are gathered over the tp group and ZeRO partitions over the dp group first.
 
-Loading needs no pickle: safetensors and JSON only. Every rank reads just the tensors it
+These files need no pickle to load: safetensors and JSON only. Every rank reads just the tensors it
 holds and slices its tensor-parallel shard. Writes go to a temporary directory that is
 renamed into place, and `checkpoints/latest` moves only after that, so a run killed while
 saving leaves the previous checkpoint usable. Same layout: the restore is exact, bit for bit.

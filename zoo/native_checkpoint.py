@@ -1,11 +1,11 @@
-"""The fast path for resuming on the layout that wrote a checkpoint: DeepSpeed's own files.
+"""The native path for resuming on the layout that wrote a checkpoint: DeepSpeed's own files.
 
-Next to the layout-free files (zoo/checkpoint.py), a checkpoint holds `native/`: what
-`engine.save_checkpoint` writes, each rank its own shard (its tensor-parallel slice, its
-ZeRO partition of the fp32 master weights and AdamW moments, its pipeline stage's layers),
-with no gather over any group. A resume whose layout key (tp, pp, dp, ZeRO stage, precision,
-pipeline partition) equals the checkpoint's reads just those shards back; any other layout
-reads the layout-free files.
+Next to the layout-free files (zoo/checkpoint.py), a checkpoint can hold `native/`: what
+`engine.save_checkpoint` writes, with no gather over any group: per tensor-parallel rank and
+pipeline stage the module's weights (written once per data-parallel group), and per rank its
+ZeRO partition of the fp32 master weights and AdamW moments (under ZeRO-3 also of the
+weights). A resume whose layout key (tp, pp, dp, ZeRO stage, precision, pipeline partition)
+equals the checkpoint's reads those files back; any other layout reads the layout-free files.
 
 DeepSpeed loads its files with `torch.load(weights_only=False)`, which runs whatever a pickle
 says. Here it loads through torch's weights_only unpickler instead, with an allowlist of the
