@@ -42,14 +42,14 @@ def run_zoo(tmp_path_factory, zoo_cache):
     counter = iter(range(10**6))
 
     def run(*overrides: str, module: str = "zoo.train", check: bool = True, run_dir: Path | None = None,
-            env: dict | None = None, timeout: int = 600, cmd: list | None = None) -> Run:
+            env: dict | None = None, timeout: int = 600, cmd: list | None = None, cwd: Path = REPO) -> Run:
         run_dir = run_dir or runs / f"run{next(counter)}"
         # wandb is the default logger; tests that are not about tracking turn it off.
         full_env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1",
                     "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", **(env or {})}
         argv = cmd or [sys.executable, "-m", module, f"hydra.run.dir={run_dir}", "trainer.progress=false",
                        *overrides]
-        proc = subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
         result = Run(proc, run_dir)
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"

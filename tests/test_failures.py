@@ -125,6 +125,14 @@ def test_a_read_only_run_dir_is_refused_before_training(run_zoo, tmpfs):
     assert "Traceback" not in run.stderr
 
 
+def test_an_unwritable_working_directory_is_refused_without_a_traceback(run_zoo, tmpfs):
+    """No hydra.run.dir: the run would go under outputs/ in the working directory."""
+    ro = tmpfs("ro,size=1m")
+    run = run_zoo(*FAST, cmd=[sys.executable, "-m", "zoo.train", *FAST], check=False, cwd=ro)
+    assert run.returncode == 2 and "cannot write the run directory outputs" in run.stderr, run.stderr[-6000:]
+    assert "Traceback" not in run.stderr
+
+
 def test_a_full_disk_is_refused_before_training(run_zoo, tmpfs):
     small = tmpfs("size=2m")  # the tiny GPT's weights alone are 5 MiB
     run = run_zoo(*FAST, "parallel=zero1", run_dir=small / "run", check=False)

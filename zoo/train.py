@@ -124,9 +124,13 @@ def main() -> None:
 
     signals.install()  # before the slow imports: Slurm's warning may come during start-up
     run_dir = _explicit_run_dir(sys.argv[1:])
-    if run_dir and "${" not in run_dir and "--cfg" not in sys.argv:  # Hydra would fail on it with a traceback
+    # Hydra would fail on an unwritable run directory with a traceback. Without hydra.run.dir
+    # the run goes under outputs/ in the working directory.
+    probe = "outputs" if run_dir is None else (None if "${" in run_dir else run_dir)
+    hydra_flags = any(a.startswith("-") for a in sys.argv[1:])  # --cfg, --help, --info, -m: no run directory
+    if probe and not hydra_flags:
         try:
-            check_writable(run_dir)
+            check_writable(probe)
         except RunDirError as err:
             _fail(str(err), None)
     run_hydra_app(_hydra_main, _task_started)
