@@ -14,7 +14,9 @@ import torch.distributed as dist
 
 from data_pipelines.schedule import micro_batch_start
 from zoo.data_loading import StepLoader
-from zoo.monitor import CommTimer, diagnose, forward_flops, transformer_flops_per_token
+from zoo.comm_timer import CommTimer
+from zoo.flops import forward_flops, transformer_flops_per_token
+from zoo.monitor import diagnose
 
 FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]

@@ -5,13 +5,13 @@ Readings (metrics.jsonl keys): loss, lr, grad_norm, loss_scale (fp16), tokens_pe
 samples_per_s, step_time_s, mfu, peak_mem_bytes, peak_mem_share, gpu_util (CUDA with NVML),
 comm_share, data_wait_share, padding_efficiency, diagnosis.
 
-- MFU = model FLOPs per second per device / the device's peak. Model FLOPs per token of a
+- MFU = model FLOPs per second per device / the device's peak (zoo/flops.py). Model FLOPs per token of a
   transformer (PaLM appendix B, nanoGPT's estimate_mfu): 6N + 12*L*H*Q*T, N the parameters
   without the position table, L layers, H heads of size Q, T the tokens attended; of a CNN:
   3x one forward pass counted by torch's FlopCounterMode. A task may define
   `flops_per_sample()` instead. Peaks: the table below for CUDA (dense, no sparsity); on CPU a
   matmul timed once at start with this rank's threads.
-- comm_share: wall time inside torch.distributed calls (DeepSpeed's included: deepspeed.comm
+- comm_share (zoo/comm_timer.py): wall time inside torch.distributed calls (DeepSpeed's included: deepspeed.comm
   calls torch.distributed) and waiting on their handles, over the window's wall time; mean
   over ranks. On CUDA, timed with events on the issuing stream, overlapping calls merged: a
   collective overlapped with compute counts too.
@@ -22,27 +22,17 @@ comm_share, data_wait_share, padding_efficiency, diagnosis.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
-import threading
 import time
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from zoo.comm_timer import CommTimer
+from zoo.flops import device_peak_flops, model_flops_per_sample
 from zoo.metrics import peak_memory_bytes
-
-# Dense peak TFLOP/s per GPU: (bf16/fp16, tf32, fp32), from NVIDIA's data sheets (sparsity halved away).
-PEAK_TFLOPS = {
-    "A100": (312.0, 156.0, 19.5),
-    "H100 PCIe": (756.0, 378.0, 51.0),
-    "H100 NVL": (835.0, 418.0, 60.0),
-    "H100": (989.0, 495.0, 67.0),  # SXM
-    "H200 NVL": (835.0, 418.0, 60.0),
-    "H200": (989.0, 495.0, 67.0),  # SXM
-}
 
 # (reading, threshold, above?, what is likely wrong and what to try)
 THRESHOLDS = [
@@ -60,77 +50,6 @@ THRESHOLDS = [
                                     "data.num_workers, pre-tokenize the data (`python -m data_pipelines.prepare`, "
                                     "data=prepared), use pinned memory (on with CUDA)"),
 ]
-
-
-# -- FLOPs and peaks ------------------------------------------------------------------------
-def transformer_flops_per_token(params: int, n_layer: int, n_embd: int, block_size: int, seq_len: int) -> float:
-    """6N + 12*L*H*Q*T (H*Q = n_embd); N excludes the position table, which does no matmul."""
-    return 6 * (params - block_size * n_embd) + 12 * n_layer * n_embd * seq_len
-
-
-def forward_flops(model: torch.nn.Module, sample: torch.Tensor) -> float:
-    """FLOPs of one forward pass over `sample`, counted on the meta device (no memory, no time)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        model(sample)
-    return float(counter.get_total_flops())
-
-
-def model_flops_per_sample(task) -> tuple[Optional[float], str]:
-    """(training FLOPs, forward + backward, of one sample; how they were counted), as the
-    task says or by family."""
-    if hasattr(task, "flops_per_sample"):
-        return task.flops_per_sample(), "the task's flops_per_sample()"
-    if task.family in ("gpt", "bert"):
-        shape, tokens = task.shape, task.tokens_per_sample()
-        return (tokens * transformer_flops_per_token(task.num_params(), shape.n_layer, shape.n_embd,
-                                                     shape.block_size, tokens), "6N + 12*L*H*Q*T")
-    if task.family == "cnn":
-        import numpy as np
-
-        x, _ = task.collate("train", np.zeros(1, dtype=np.int64))
-        with torch.device("meta"):
-            model = task.plain_model()
-        return 3 * forward_flops(model, x.to("meta")), "3 x one forward pass, counted"
-    return None, "unknown for this family"
-
-
-def measured_matmul_flops(dtype: torch.dtype) -> float:
-    """FLOP/s of a square matmul with this process's threads: grown until one takes >= 20 ms,
-    then the best of five (so that a moment of contention does not lower the peak)."""
-    n = 256
-    while True:
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        a @ b  # warm-up
-        t0 = time.perf_counter()
-        a @ b
-        if time.perf_counter() - t0 >= 0.02 or n >= 4096:
-            break
-        n *= 2
-    best = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
-
-
-def device_peak_flops(device: torch.device, dtype: str) -> tuple[Optional[float], str]:
-    """(peak FLOP/s of one device for `dtype`, where the number comes from)."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, (half, tf32, fp32) in PEAK_TFLOPS.items():  # the specific variants come first
-            if all(part in name for part in key.split()):
-                if dtype in ("bf16", "fp16"):
-                    return half * 1e12, f"{key} dense {dtype}"
-                if torch.backends.cuda.matmul.allow_tf32:
-                    return tf32 * 1e12, f"{key} tf32"
-                return fp32 * 1e12, f"{key} fp32"
-        return None, f"no peak known for {name}"
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
-    return measured_matmul_flops(torch_dtype), f"measured {dtype} matmul, {torch.get_num_threads()} thread(s)"
 
 
 def device_memory_bytes(device: torch.device) -> int:
@@ -166,105 +85,6 @@ def loss_scale(engine) -> Optional[float]:
             return float(value)
     return None
 
-
-# -- communication ----------------------------------------------------------------------------
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "_all_gather_base", "all_gather_coalesced", "all_gather_object", "gather", "gather_object", "scatter",
-               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single",
-               "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier", "broadcast_object_list")
-
-
-class CommTimer:
-    """Times every torch.distributed collective and point-to-point call of this process, and
-    every wait on a handle of an asynchronous one, by patching them while installed."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.counting = True
-        self._nested = threading.local()
-        self._restore: list = []
-        self.reset()
-
-    def install(self) -> None:
-        import torch.distributed.distributed_c10d as c10d
-
-        for module in (dist, c10d):  # DeepSpeed calls both
-            for name in COLLECTIVES:
-                fn = getattr(module, name, None)
-                if fn is not None:
-                    self._patch(module, name, self._timed(name, fn))
-        work = c10d.Work
-        self._patch(work, "wait", self._timed("wait", work.wait))
-        try:  # DeepSpeed's torch backend took these two functions when it was created
-            from deepspeed.comm import comm as ds_comm
-
-            cdb = ds_comm.cdb
-            if cdb is not None and hasattr(cdb, "all_gather_function"):
-                self._patch(cdb, "all_gather_function", cdb.get_all_gather_function())
-                self._patch(cdb, "reduce_scatter_function", cdb.get_reduce_scatter_function())
-        except ImportError:
-            pass
-
-    def uninstall(self) -> None:
-        for obj, name, old in reversed(self._restore):
-            setattr(obj, name, old)
-        self._restore.clear()
-
-    def _patch(self, obj, name, new) -> None:
-        self._restore.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, new)
-
-    def _timed(self, name: str, fn):
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            if not self.counting or getattr(self._nested, "on", False):  # e.g. all_gather_object -> all_gather
-                return fn(*args, **kwargs)
-            self._nested.on = True
-            start = self._mark()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._nested.on = False
-                self._spans.append((name, start, self._mark()))
-
-        return timed
-
-    def _mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def reset(self) -> None:
-        self._spans: list = []
-        self._origin = self._mark()
-
-    def seconds(self) -> tuple[float, Dict[str, float]]:
-        """(time with a call in flight since the last reset, seconds by call), then reset."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            spans = [(n, self._origin.elapsed_time(a) / 1e3, self._origin.elapsed_time(b) / 1e3)
-                     for n, a, b in self._spans]
-        else:
-            spans = self._spans
-        by_name: Dict[str, float] = {}
-        for n, a, b in spans:
-            by_name[n] = by_name.get(n, 0.0) + b - a
-        total, reach = 0.0, -math.inf  # the union of the spans: concurrent calls count once
-        for _, a, b in sorted(spans, key=lambda s: s[1]):
-            total += max(0.0, b - max(a, reach))
-            reach = max(reach, b)
-        self.reset()
-        return total, by_name
-
-    @contextlib.contextmanager
-    def paused(self):
-        self.counting = False
-        try:
-            yield
-        finally:
-            self.counting = True
 
 
 # -- GPU utilization ----------------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""FLOPs and peaks for MFU: model FLOPs per token of a transformer (PaLM appendix B,
+nanoGPT's estimate_mfu: 6N + 12*L*H*Q*T), of any model by one counted forward pass
+(torch's FlopCounterMode, x3 for forward and backward), and the device's peak: NVIDIA's data
+sheets for CUDA (dense), a matmul timed once on CPU."""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import torch
+
+# Dense peak TFLOP/s per GPU: (bf16/fp16, tf32, fp32), from NVIDIA's data sheets (sparsity halved away).
+PEAK_TFLOPS = {
+    "A100": (312.0, 156.0, 19.5),
+    "H100 PCIe": (756.0, 378.0, 51.0),
+    "H100 NVL": (835.0, 418.0, 60.0),
+    "H100": (989.0, 495.0, 67.0),  # SXM
+    "H200 NVL": (835.0, 418.0, 60.0),
+    "H200": (989.0, 495.0, 67.0),  # SXM
+}
+
+
+def transformer_flops_per_token(params: int, n_layer: int, n_embd: int, block_size: int, seq_len: int) -> float:
+    """6N + 12*L*H*Q*T (H*Q = n_embd); N excludes the position table, which does no matmul."""
+    return 6 * (params - block_size * n_embd) + 12 * n_layer * n_embd * seq_len
+
+
+def forward_flops(model: torch.nn.Module, sample: torch.Tensor) -> float:
+    """FLOPs of one forward pass over `sample`, counted on the meta device (no memory, no time)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(sample)
+    return float(counter.get_total_flops())
+
+
+def model_flops_per_sample(task) -> tuple[Optional[float], str]:
+    """(training FLOPs, forward + backward, of one sample; how they were counted), as the
+    task says or by family."""
+    if hasattr(task, "flops_per_sample"):
+        return task.flops_per_sample(), "the task's flops_per_sample()"
+    if task.family in ("gpt", "bert"):
+        shape, tokens = task.shape, task.tokens_per_sample()
+        return (tokens * transformer_flops_per_token(task.num_params(), shape.n_layer, shape.n_embd,
+                                                     shape.block_size, tokens), "6N + 12*L*H*Q*T")
+    if task.family == "cnn":
+        import numpy as np
+
+        x, _ = task.collate("train", np.zeros(1, dtype=np.int64))
+        with torch.device("meta"):
+            model = task.plain_model()
+        return 3 * forward_flops(model, x.to("meta")), "3 x one forward pass, counted"
+    return None, "unknown for this family"
+
+
+def measured_matmul_flops(dtype: torch.dtype) -> float:
+    """FLOP/s of a square matmul with this process's threads: grown until one takes >= 20 ms,
+    then the best of five (so that a moment of contention does not lower the peak)."""
+    n = 256
+    while True:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a @ b  # warm-up
+        t0 = time.perf_counter()
+        a @ b
+        if time.perf_counter() - t0 >= 0.02 or n >= 4096:
+            break
+        n *= 2
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def device_peak_flops(device: torch.device, dtype: str) -> tuple[Optional[float], str]:
+    """(peak FLOP/s of one device for `dtype`, where the number comes from)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, (half, tf32, fp32) in PEAK_TFLOPS.items():  # the specific variants come first
+            if all(part in name for part in key.split()):
+                if dtype in ("bf16", "fp16"):
+                    return half * 1e12, f"{key} dense {dtype}"
+                if torch.backends.cuda.matmul.allow_tf32:
+                    return tf32 * 1e12, f"{key} tf32"
+                return fp32 * 1e12, f"{key} fp32"
+        return None, f"no peak known for {name}"
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    return measured_matmul_flops(torch_dtype), f"measured {dtype} matmul, {torch.get_num_threads()} thread(s)"
