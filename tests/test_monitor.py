@@ -48,13 +48,15 @@ def test_comm_timer_times_sync_calls_and_waits(tmp_path):
         dist.all_reduce(torch.ones(4), async_op=True).wait()
         objects = [None]
         dist.all_gather_object(objects, {"a": 1})  # calls all_gather inside: counted once
+        dist.all_gather_single(torch.empty(4), torch.ones(4))  # the tensor-parallel gather and scatter
+        dist.reduce_scatter_single(torch.empty(4), torch.ones(4))
         with timer.paused():
             dist.all_reduce(torch.ones(4))
         total, by_call = timer.seconds()
     finally:
         timer.uninstall()
         dist.destroy_process_group()
-    assert set(by_call) == {"all_reduce", "wait", "all_gather_object"}
+    assert set(by_call) == {"all_reduce", "wait", "all_gather_object", "all_gather_single", "reduce_scatter_single"}
     assert total == pytest.approx(sum(by_call.values()))
     assert dist.all_reduce is original  # uninstalled
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
                "_all_gather_base", "all_gather_coalesced", "all_gather_object", "gather", "gather_object", "scatter",
                "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single",
+               "all_gather_single", "reduce_scatter_single",  # zoo.parallel.mappings' tensor-parallel gathers
                "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier", "broadcast_object_list")
 
 
