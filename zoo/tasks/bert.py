@@ -153,7 +153,7 @@ class BertTask(Task):
             correct += int((predicted == labels)[selected].sum())
             baseline += int((labels[selected] == most_frequent).sum())
             total += int(selected.sum())
-        out: Dict[str, object] = {"padding_efficiency": self.padding_efficiency()}
+        out: Dict[str, object] = {}  # padding_efficiency: the monitor's summary has it
         if total:
             out.update(eval_accuracy=correct / total, baseline_accuracy=baseline / total, eval_masked_tokens=total,
                        baseline_token=self.tokenizer.convert_ids_to_tokens(most_frequent))

@@ -136,7 +136,6 @@ class GPTTask(Task):
         out: Dict[str, object] = {
             "eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf"),
             "unigram_perplexity": self._unigram_perplexity(),
-            "padding_efficiency": 1.0,  # packed blocks: every slot is a real token
             # What reading and packing skipped or repaired, counted (nothing is dropped silently).
             "data": {**self.data_counts, **{k: self.blocks.meta[k] for k in ("documents", "tokens", "tail_tokens_dropped")}}}
         n = self.cfg.trainer.sample_tokens
