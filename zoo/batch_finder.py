@@ -107,8 +107,7 @@ def find_micro_batch_size(cfg, layout, grid, task, device: torch.device) -> Tupl
     budget = HEADROOM * torch.cuda.get_device_properties(device).total_memory
     sizes = candidates(cfg.trainer.global_batch_size, layout.dp)
     best, trials = search(sizes, _probe(cfg, layout, grid, task, device), budget)
-    torch.manual_seed(cfg.trainer.seed)  # the probes drew from the RNG; the run starts as it would have
-    return best, trials, budget
+    return best, trials, budget  # the probes drew from the RNG: the Trainer seeds it again
 
 
 def describe(best: int, trials: List[Trial], budget: float, global_batch: int, dp: int) -> str:

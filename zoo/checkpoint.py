@@ -228,12 +228,11 @@ def _shard(full: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
     return shard_tensor(full, spec) if spec is not None else full
 
 
-def load(engine, grid, path: Path, native_key: Optional[dict] = None) -> Tuple[dict, str]:
-    """Restore weights, optimizer, LR schedule, loss scale and RNG from `path` into this
-    rank's engine, whatever layout wrote it. Returns the checkpoint's state.json and how it
-    was read: "native" (DeepSpeed's per-rank shards: the layout that wrote it, native_key,
-    is this one) or "layout-free"."""
-    state = read_state(path)
+def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = None) -> str:
+    """Restore weights, optimizer, LR schedule, loss scale and RNG from `path` (whose
+    state.json is `state`, from read_state) into this rank's engine, whatever layout wrote
+    it. Returns how it was read: "native" (DeepSpeed's per-rank shards: the layout that wrote
+    it, native_key, is this one) or "layout-free"."""
     if native_key is not None and native_checkpoint.usable(path, state, native_key):
         try:
             native_checkpoint.load(engine, path)
@@ -256,7 +255,7 @@ def load(engine, grid, path: Path, native_key: Optional[dict] = None) -> Tuple[d
     key = f"rank_{dist.get_rank()}" if len(rngs) == dist.get_world_size() else "rank_0"
     torch.set_rng_state(rngs[key])
     engine.global_steps = state["step"]
-    return state, how
+    return how
 
 
 @torch.no_grad()

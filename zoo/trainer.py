@@ -61,10 +61,11 @@ class Trainer:
             if self.rank == 0:
                 print("zoo: resume=auto: no checkpoint in this run directory yet; starting fresh", flush=True)
             return None
-        checkpoint.check_compatible(checkpoint.read_state(path), self.meta, path)
+        state = checkpoint.read_state(path)
+        checkpoint.check_compatible(state, self.meta, path)
         native_key = self.meta["native"] if native_checkpoint.enabled(self.cfg, self.layout) else None
         t0 = time.perf_counter()
-        state, how = checkpoint.load(self.engine, self.grid, path, native_key=native_key)
+        how = checkpoint.load(self.engine, self.grid, path, state, native_key=native_key)
         took = time.perf_counter() - t0
         self.step, self.consumed = state["step"], state["consumed"]
         if self.rank == 0:
