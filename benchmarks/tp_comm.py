@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from zoo.worker import leave_process_group
+
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast")
 
 
@@ -60,7 +62,7 @@ def _rank(rank, world, port, a, out):
     total = time.perf_counter() - t0
     if rank == 0:
         out[world] = (total / a.steps, sum(log) / total, len(log) / a.steps)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def main() -> None:

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from zoo.worker import leave_process_group
+
 TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective fails instead of hanging
 
 
@@ -32,7 +34,7 @@ def _worker(rank: int, world_size: int, port: int, fn, args) -> None:
     try:
         fn(rank, world_size, *args)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def run_ranks(world_size: int, fn, *args) -> None:

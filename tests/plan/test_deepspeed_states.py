@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 from zoo.config.schema import ModelConfig
 from zoo.plan.families import describe_model
 from zoo.plan.memory import model_state_bytes
+from zoo.worker import leave_process_group
 
 DP = 2
 VOCAB = 250
@@ -104,7 +105,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             engine.step()
         Path(out_dir, f"rank{rank}_zero{stage}.json").write_text(json.dumps(_measure(engine, stage, grads)))
         del engine
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 TP_PP_MODEL = dict(family="gpt", size="tiny", n_layer=2, n_head=2, n_embd=34, block_size=16, vocab_size=VOCAB)
@@ -150,7 +151,7 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
         got.update(stage=grid.get_stage_id(), groups=groups)
         Path(out_dir, f"rank{rank}_tp{tp}_pp{pp}.json").write_text(json.dumps(got))
         del engine
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 def _free_port() -> int:
