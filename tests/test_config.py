@@ -124,3 +124,50 @@ def test_deepspeed_config_derives_accumulation_and_passes_raw_keys():
     assert ds["gradient_accumulation_steps"] == 8 and ds["train_batch_size"] == 64
     assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": True}
     assert ds["optimizer"]["params"]["torch_adam"] is True
+
+
+def _hf_dir(path: Path, **config) -> Path:
+    """A transformers directory's config.json (validation reads no weights)."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+GPT2_SMALL = dict(model_type="gpt2", n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
+
+
+def test_init_from_is_checked_with_the_imported_models_dimensions(tmp_path):
+    """model.init_from: validation reads the directory's config.json and checks the layout
+    against the imported model's dimensions, not model.size's."""
+    gpt2 = _hf_dir(tmp_path / "gpt2", **GPT2_SMALL)
+    padded = _hf_dir(tmp_path / "gpt2_padded", **{**GPT2_SMALL, "vocab_size": 50304})
+    cases = [
+        (["model.init_from=" + str(tmp_path / "nothing")], r"model.init_from=.*nothing: no config.json there"),
+        (["model=bert", f"model.init_from={gpt2}"], r"holds a gpt model and model.family=bert; use model=gpt"),
+        ([f"model.init_from={_hf_dir(tmp_path / 'llama', model_type='llama')}"], r"model_type 'llama' is not supported"),
+        ([f"model.init_from={_hf_dir(tmp_path / 'broken', model_type='gpt2', n_layer=2)}"], r"its config.json has no 'n_head'"),
+        (["parallel=tp", f"model.init_from={gpt2}"],
+         r"parallel.tp=2 does not divide the vocabulary of model.init_from=.*\(50257 tokens\).*pad_to_multiple_of=256"),
+        (["parallel.tp=8", f"model.init_from={padded}"], r"parallel.tp=8 does not divide the imported model's heads \(12\)"),
+        (["parallel.pp=13", f"model.init_from={padded}"], r"parallel.pp=13 is more than the 12 layers of model.init_from="),
+        (["model=cnn", f"model.init_from={gpt2}"], r"the CNN has no transformers counterpart"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            check(composed(*overrides))
+    # model.size=tiny has 4 heads and 4 layers: these layouts fit the imported model, not tiny.
+    check(composed("parallel.tp=6", "parallel.pp=6", "trainer.global_batch_size=36", f"model.init_from={_hf_dir(tmp_path / 'v', **{**GPT2_SMALL, 'vocab_size': 50304 * 3})}"))
+
+
+def test_init_from_memory_warning_uses_the_imported_model(tmp_path):
+    from zoo.plan import fit_warning
+
+    xl = _hf_dir(tmp_path / "gpt2_xl", **{**GPT2_SMALL, "n_layer": 48, "n_head": 25, "n_embd": 1600})
+    tiny = composed("parallel=ddp", "trainer.micro_batch_size=1")
+    imported = composed("parallel=ddp", "trainer.micro_batch_size=1", f"model.init_from={xl}")
+    layout, _ = resolve_layout(tiny, None)
+    assert fit_warning(tiny, layout, 8e9) is None
+    warning = fit_warning(imported, layout, 8e9)
+    assert warning is not None and "predicted" in warning, warning

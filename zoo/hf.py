@@ -118,8 +118,9 @@ def hf_meta(directory: str | Path) -> Tuple[str, dict]:
     return family, META_FROM_HF[family](json.loads((directory / "config.json").read_text()))
 
 
-def read_hf(directory: str | Path) -> Tuple[str, dict, State]:
-    """(family, model meta, plain state) of a local transformers directory."""
-    family, _ = hf_meta(directory)
-    meta, state = CONVERTERS[family][1](Path(directory))
-    return family, meta, state
+def read_hf(directory: str | Path, family: str) -> Tuple[dict, State]:
+    """(model meta, plain state) of a local transformers directory that holds a `family` model."""
+    found, _ = hf_meta(directory)
+    if found != family:
+        raise ValueError(f"model.init_from={directory} holds a {found} model, not a {family}")
+    return CONVERTERS[family][1](Path(directory))

@@ -81,7 +81,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
             warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
                             f"generates no text")
     _require(layout.pp <= layers,
-             f"parallel.pp={layout.pp} is more than the {layers} {what} of model.size={m.size}; use pp <= {layers}")
+             f"parallel.pp={layout.pp} is more than the {layers} {what}; use pp <= {layers}")
     if layout.pp > 1:
         _require(p.zero_stage <= 1,
                  f"parallel.zero_stage={p.zero_stage} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine supports "
@@ -117,25 +117,53 @@ def _check_data(cfg: Config) -> None:
         _require(d.image_size > 0, f"data.image_size={d.image_size} must be positive (or null)")
 
 
+def _imported_dims(m):
+    """The dimensions of the transformers model that model.init_from names (its config.json)."""
+    from zoo.hf import hf_meta
+    from zoo.models.bert import BertShape
+    from zoo.models.gpt import GPTShape
+
+    try:
+        family, meta = hf_meta(m.init_from)
+    except KeyError as err:
+        raise ConfigError(f"model.init_from={m.init_from}: its config.json has no {err}") from None
+    except (ValueError, OSError) as err:  # no config.json, an unsupported model_type, unreadable
+        msg = str(err)
+        raise ConfigError(msg if msg.startswith("model.init_from") else f"model.init_from={m.init_from}: {msg}") from None
+    _require(family == m.family, f"model.init_from={m.init_from} holds a {family} model and model.family={m.family}; "
+                                 f"use model={family}")
+    return (GPTShape if family == "gpt" else BertShape)(**meta)
+
+
 def _check_transformer(cfg: Config, layout: Layout) -> tuple[int, str]:
-    """GPT and BERT: dimensions and their tensor-parallel splits. Returns the layer count."""
+    """GPT and BERT: dimensions and their tensor-parallel splits, those of the imported model
+    under model.init_from. Returns the layer count."""
     from zoo.models import model_dims
 
     m = cfg.model
     try:
-        dims = model_dims(m, vocab_size=m.vocab_size)
+        dims = _imported_dims(m) if m.init_from else model_dims(m, vocab_size=m.vocab_size)
     except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
         raise ConfigError(str(err)) from None
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         _require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
     _require(dims.n_embd % dims.n_head == 0,
              f"model.n_embd={dims.n_embd} is not divisible by model.n_head={dims.n_head}")
     if layout.tp > 1:
-        for what, size in (("model.n_head", dims.n_head), ("the FFN width", dims.ffn_dim)):
+        heads = "the imported model's heads" if m.init_from else "model.n_head"
+        for what, size in ((heads, dims.n_head), ("the FFN width", dims.ffn_dim)):
             _require(size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide {what} ({size}); choose tp among "
                      f"{[d for d in range(1, size + 1) if size % d == 0 and d <= 64]}")
-        if m.vocab_size is None:
+        if m.init_from:
+            _require(dims.vocab_size % layout.tp == 0,
+                     f"parallel.tp={layout.tp} does not divide the vocabulary of model.init_from={m.init_from} "
+                     f"({dims.vocab_size} tokens), which the embedding splits by rows; choose tp among "
+                     f"{[d for d in range(1, 65) if dims.vocab_size % d == 0]}, or pad the model's vocabulary "
+                     f"first (transformers: resize_token_embeddings(n, pad_to_multiple_of={128 * layout.tp}))")
+        elif m.vocab_size is None:
             _require(m.vocab_pad_multiple % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide model.vocab_pad_multiple ({m.vocab_pad_multiple}), "
                      f"the multiple the vocabulary is padded to; set model.vocab_pad_multiple to a multiple of {layout.tp}")
@@ -143,7 +171,7 @@ def _check_transformer(cfg: Config, layout: Layout) -> tuple[int, str]:
             _require(m.vocab_size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide model.vocab_size ({m.vocab_size}); pad it to "
                      f"{-(-m.vocab_size // (128 * layout.tp)) * 128 * layout.tp} or leave model.vocab_size null")
-    return dims.n_layer, "layers"
+    return dims.n_layer, f"layers of model.init_from={m.init_from}" if m.init_from else f"layers of model.size={m.size}"
 
 
 def _check_cnn(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, str]:
@@ -155,6 +183,8 @@ def _check_cnn(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, s
         shape = cnn_shape(m.size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    _require(not m.init_from, f"model.init_from={m.init_from}: importing from transformers is for model=gpt (GPT-2) "
+                              f"and model=bert; the CNN has no transformers counterpart: leave model.init_from null")
     _require(layout.tp == 1,
              f"parallel.tp={layout.tp} with model.family=cnn: tensor parallelism splits each layer's weights "
              f"across ranks and exchanges activations after every layer; a ResNet's convolutions at these sizes "
@@ -169,7 +199,7 @@ def _check_cnn(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, s
              "backward would update its BatchNorm running statistics a second time; set it to false")
     if m.dropout:
         warnings.append(f"model.dropout={m.dropout} is ignored by model.family=cnn (a ResNet has no dropout)")
-    return shape.num_blocks, "residual blocks"
+    return shape.num_blocks, f"residual blocks of model.size={m.size}"
 
 
 def _check_micro_batch(cfg: Config, layout: Layout, cuda_available: bool) -> None:

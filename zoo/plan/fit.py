@@ -1,10 +1,17 @@
 """Will a chosen layout fit? The planner's memory estimate, for training to call at start.
 
-    fits, mem = predict_fit(cfg.model, layout, micro_batch=8, dtype="bf16", device_mem_bytes=80e9)
+    model = cfg.model
+    if model.init_from:  # the imported model's dimensions (validation has read its config.json)
+        from zoo.hf import hf_meta
+
+        _, meta = hf_meta(model.init_from)
+        model, vocab_size = dataclasses.replace(model, **meta), meta["vocab_size"]
+    fits, mem = predict_fit(model, layout, micro_batch=8, dtype="bf16", device_mem_bytes=80e9)
     message = fit_warning(cfg, layout, device_memory_bytes(ranks_on_this_host))  # None when it fits
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
@@ -50,7 +57,13 @@ def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_s
         micro, accum = 1, 1
     else:
         micro, accum = micro_batching(cfg, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
-    fits, mem = predict_fit(cfg.model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
+    model = cfg.model
+    if model.init_from:  # the imported model's dimensions (validation has read its config.json)
+        from zoo.hf import hf_meta
+
+        _, meta = hf_meta(model.init_from)
+        model, vocab_size = dataclasses.replace(model, **meta), meta["vocab_size"]
+    fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction)
     if fits:

@@ -34,9 +34,7 @@ class BertTask(Task):
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.hf import read_hf
 
-            family, meta, self.init_state = read_hf(cfg.model.init_from)
-            if family != "bert":
-                raise ValueError(f"model.init_from={cfg.model.init_from} holds a {family} model, not a BERT")
+            meta, self.init_state = read_hf(cfg.model.init_from, "bert")
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key,

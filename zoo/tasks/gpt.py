@@ -61,7 +61,7 @@ class GPTTask(Task):
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.hf import read_hf
 
-            _, meta, self.init_state = read_hf(cfg.model.init_from)
+            meta, self.init_state = read_hf(cfg.model.init_from, "gpt")
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
