@@ -201,15 +201,37 @@ class BucketedStream:
         self.per_epoch = len(self.sampler) * global_batch
         self._epoch, self._order = -1, None
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The sample numbers of epoch `epoch`, in stream order."""
         if epoch != self._epoch:
             self.sampler.set_epoch(epoch)
             self._epoch, self._order = epoch, np.concatenate([np.asarray(b) for b in self.sampler])
         return self._order
 
     def indices(self, start: int, count: int) -> np.ndarray:
-        return np.asarray([self._epoch_order(p // self.per_epoch)[p % self.per_epoch]
-                           for p in range(start, start + count)], dtype=np.int64)
+        out = np.empty(count, dtype=np.int64)
+        done = 0
+        while done < count:  # one slice per epoch the positions fall in
+            epoch, offset = divmod(start + done, self.per_epoch)
+            take = min(count - done, self.per_epoch - offset)
+            out[done:done + take] = self.epoch_order(epoch)[offset:offset + take]
+            done += take
+        return out
+
+    def padding_efficiency(self, lengths: np.ndarray, samples: int, micro_batch: int,
+                           pad_to: Optional[int] = None) -> float:
+        """Real tokens / padded slots of the stream's first `samples` samples in micro-batches of
+        `micro_batch`, each padded to its longest sample (or to `pad_to`); one epoch at a time."""
+        if samples % micro_batch or self.per_epoch % micro_batch:
+            raise ValueError(f"micro_batch={micro_batch} must divide samples={samples} and the epoch "
+                             f"({self.per_epoch} samples)")
+        lengths = np.asarray(lengths)
+        real = slots = 0
+        for epoch in range(-(-samples // self.per_epoch)):
+            per_batch = lengths[self.epoch_order(epoch)[:samples - epoch * self.per_epoch]].reshape(-1, micro_batch)
+            real += int(per_batch.sum())
+            slots += micro_batch * (pad_to * len(per_batch) if pad_to else int(per_batch.max(axis=1).sum()))
+        return real / slots if slots else 1.0
 
     def epochs(self, start: int, count: int) -> np.ndarray:
         return np.arange(start, start + count) // self.per_epoch

@@ -120,16 +120,9 @@ class BertTask(Task):
 
     def padding_efficiency(self) -> float:
         """Real tokens / padded slots over every training micro-batch of the run."""
-        from data_pipelines.sampler import padding_efficiency
-
-        micro = self._micro_and_dp()[0]
-        if self.cfg.trainer.max_steps == 0:  # nothing is trained (an import or evaluation run)
-            return 1.0
-        starts = range(0, self.cfg.trainer.max_steps * self.cfg.trainer.global_batch_size, micro)
-        batches = [self.stream.indices(s, micro) for s in starts]
-        if self.pad_to:
-            return float(sum(self.train_lengths[b].sum() for b in batches)) / (len(batches) * micro * self.pad_to)
-        return padding_efficiency(batches, self.train_lengths)
+        t = self.cfg.trainer
+        return self.stream.padding_efficiency(self.train_lengths, t.max_steps * t.global_batch_size,
+                                              self._micro_and_dp()[0], pad_to=self.pad_to)
 
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
