@@ -86,7 +86,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from zoo.config.schema import register_configs
-from zoo.worker import init_distributed
+from zoo.worker import init_distributed, leave_process_group
 from zoo.validate import resolve_layout
 from zoo.parallel.topology import build_grid
 from zoo.tasks import TASKS
@@ -115,6 +115,7 @@ for name, fn in dict(reset_peak_memory_stats=lambda d: None, empty_cache=lambda:
 probe = batch_finder._probe(cfg, layout, grid, task, torch.device("cpu"))
 best, trials = batch_finder.search(batch_finder.candidates(16, 1), probe, budget=2.6 * 2**30)
 print(json.dumps({"best": best, "tried": [t.micro_batch for t in trials], "fed": fed}))
+leave_process_group()
 """
 
 
