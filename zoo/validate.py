@@ -143,9 +143,9 @@ def _check_transformer(cfg: Config, layout: Layout) -> tuple[int, str]:
     m = cfg.model
     try:
         dims = _imported_dims(m) if m.init_from else model_dims(m, vocab_size=m.vocab_size)
+    except ConfigError:
+        raise
     except ValueError as err:
-        if isinstance(err, ConfigError):
-            raise
         raise ConfigError(str(err)) from None
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         _require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")

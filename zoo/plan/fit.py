@@ -1,12 +1,6 @@
 """Will a chosen layout fit? The planner's memory estimate, for training to call at start.
 
-    model = cfg.model
-    if model.init_from:  # the imported model's dimensions (validation has read its config.json)
-        from zoo.hf import hf_meta
-
-        _, meta = hf_meta(model.init_from)
-        model, vocab_size = dataclasses.replace(model, **meta), meta["vocab_size"]
-    fits, mem = predict_fit(model, layout, micro_batch=8, dtype="bf16", device_mem_bytes=80e9)
+    fits, mem = predict_fit(cfg.model, layout, micro_batch=8, dtype="bf16", device_mem_bytes=80e9)
     message = fit_warning(cfg, layout, device_memory_bytes(ranks_on_this_host))  # None when it fits
 """
 from __future__ import annotations
