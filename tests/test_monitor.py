@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 
 from data_pipelines.schedule import micro_batch_start
-from zoo.data_loading import StepLoader
 from zoo.comm_timer import CommTimer
+from zoo.data_loading import StepLoader
 from zoo.flops import forward_flops, transformer_flops_per_token
-from zoo.worker import leave_process_group
 from zoo.monitor import diagnose
+from zoo.worker import leave_process_group
 
 FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
