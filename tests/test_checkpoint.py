@@ -84,6 +84,54 @@ def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, writt
     assert not marker.exists() and "Traceback" not in bad.stderr
 
 
+def test_every_torch_load_during_a_native_load_is_weights_only(tmp_path):
+    """DeepSpeed's universal-checkpoint and optimizer paths call torch.load(weights_only=False)
+    themselves; inside the guard that flag is overridden and the refusal names the file."""
+    from zoo.native_checkpoint import RefusedPickle, weights_only_loading
+
+    marker, hostile, plain = tmp_path / "code-ran", tmp_path / "optimizer_state.pt", tmp_path / "plain.pt"
+    torch.save({"state": ExecutesCode(marker)}, hostile)
+    torch.save({"w": torch.ones(2)}, plain)
+    with weights_only_loading():
+        with pytest.raises(RefusedPickle, match="optimizer_state.pt"):
+            torch.load(hostile, weights_only=False)
+        assert torch.equal(torch.load(plain, weights_only=False)["w"], torch.ones(2))
+    assert not marker.exists()
+    assert torch.load.__module__ == "torch.serialization"  # restored on the way out
+
+
+def test_universal_checkpoint_loading_is_refused_before_launch(run_zoo, tmp_path, written):
+    run_dir = copy_run(written, tmp_path)
+    marker = tmp_path / "code-ran"
+    zero = run_dir / "checkpoints" / "step_0000003" / "native" / "zero"
+    zero.mkdir(parents=True, exist_ok=True)
+    torch.save({"state": ExecutesCode(marker)}, zero / "optimizer_state.pt")
+    for f in (run_dir / "checkpoints" / "step_0000003" / "native").glob("*.pt"):
+        torch.save({"module": ExecutesCode(marker)}, f)
+    bad = run_zoo(*FAST, "trainer.max_steps=4", "checkpoint.native=true", "resume=auto",
+                  "+deepspeed.checkpoint.load_universal=true", run_dir=run_dir, check=False)
+    assert bad.returncode == 2 and "deepspeed.checkpoint.load_universal" in bad.stderr
+    assert not marker.exists() and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_pickle_in_one_ranks_optimizer_file_is_refused_by_that_rank(run_zoo, tmp_path):
+    """dp=2 under ZeRO-1: each rank reads its own optimizer partition. A hostile file of rank 1
+    only is refused, and rank 1's line reaches the user (rank 0 found nothing wrong)."""
+    run_dir = tmp_path / "run"
+    zero1 = ["parallel=zero1", "checkpoint.native=true"]
+    run_zoo(*FAST, *zero1, "trainer.max_steps=2", "checkpoint.every=2", run_dir=run_dir)
+    marker = tmp_path / "code-ran"
+    native = run_dir / "checkpoints" / "step_0000002" / "native"
+    rank1 = [f for f in native.glob("*optim_states.pt") if "pp_rank_1_" in f.name]
+    assert len(rank1) == 1, sorted(p.name for p in native.iterdir())
+    torch.save({"optimizer_state_dict": ExecutesCode(marker)}, rank1[0])
+    bad = run_zoo(*FAST, *zero1, "trainer.max_steps=3", "resume=auto", run_dir=run_dir, check=False)
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert "rank 1 refused to load" in bad.stderr and rank1[0].name in bad.stderr
+    assert not marker.exists() and "Traceback" not in bad.stderr
+
+
 def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache, reference):
     every = [f"trainer.max_steps={STEPS}", "checkpoint.every=1", "checkpoint.keep=2"]
     run_dir = tmp_path / "killed"

@@ -41,7 +41,13 @@ ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be used for this run; the message names the mismatch."""
+    """A checkpoint that cannot be used for this run; the message names the mismatch.
+    rank_local: found in this rank's own files (other ranks may not have seen it), so the
+    rank that found it reports it."""
+
+    def __init__(self, message: str, *, rank_local: bool = False):
+        super().__init__(message)
+        self.rank_local = rank_local
 
 
 def _base_optimizer(engine):
@@ -237,9 +243,10 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
         try:
             native_checkpoint.load(engine, path)
         except pickle.UnpicklingError as err:
-            raise CheckpointError(f"refused to load {path / native_checkpoint.TAG}: it holds pickled objects outside "
-                                  f"the allowlist of plain data ({str(err).splitlines()[0]}); resume with "
-                                  f"checkpoint.native=false to read the layout-free safetensors files") from None
+            raise CheckpointError(f"rank {dist.get_rank()} refused to load {path / native_checkpoint.TAG}: it holds "
+                                  f"pickled objects outside the allowlist of plain data ({err}); resume with "
+                                  f"checkpoint.native=false to read the layout-free safetensors files",
+                                  rank_local=True) from None
         how = "native"
     else:
         _load_layout_free(engine, path, state)

@@ -10,9 +10,15 @@ equals the checkpoint's reads those files back; any other layout reads the layou
 DeepSpeed loads its files with `torch.load(weights_only=False)`, which runs whatever a pickle
 says. Here it loads through torch's weights_only unpickler instead, with an allowlist of the
 few plain DeepSpeed data classes its files hold: a file that needs anything else is refused.
+Two layers: DeepSpeed's checkpoint engine is swapped for one that loads weights-only, and
+every `torch.load` made while DeepSpeed loads (its universal-checkpoint and optimizer paths
+call `torch.load(weights_only=False)` themselves, past the engine) is forced weights-only too.
+Validation also refuses `deepspeed.checkpoint.load_universal` before launch (zoo.validate).
 """
 from __future__ import annotations
 
+import contextlib
+import pickle
 from pathlib import Path
 
 import torch
@@ -61,6 +67,31 @@ def _safe_globals() -> list:
     return found
 
 
+class RefusedPickle(pickle.UnpicklingError):
+    """A file that needs objects outside the allowlist; the message names the file."""
+
+
+@contextlib.contextmanager
+def weights_only_loading():
+    """Inside, every `torch.load` (whoever calls it, whatever `weights_only` it passes)
+    unpickles weights-only with the allowlist; a refusal raises RefusedPickle naming the file."""
+    original, allowed = torch.load, _safe_globals()
+
+    def load(f, *args, **kwargs):
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return original(f, *args, **kwargs)
+        except pickle.UnpicklingError as err:
+            raise RefusedPickle(f"{f}: {str(err).splitlines()[0]}") from None
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
+
+
 class _WeightsOnlyEngine:
     """DeepSpeed's checkpoint engine with loading through torch's weights_only unpickler."""
 
@@ -71,8 +102,8 @@ class _WeightsOnlyEngine:
         return getattr(self.inner, name)
 
     def load(self, path: str, map_location=None):
-        with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True)
+        with weights_only_loading():
+            return torch.load(path, map_location=map_location)
 
 
 def load(engine, path: Path) -> None:
@@ -80,8 +111,9 @@ def load(engine, path: Path) -> None:
     original = engine.checkpoint_engine
     engine.checkpoint_engine = _WeightsOnlyEngine(original)
     try:
-        loaded, _ = engine.load_checkpoint(str(path), tag=TAG, load_module_strict=True,
-                                           load_optimizer_states=True, load_lr_scheduler_states=True)
+        with weights_only_loading():
+            loaded, _ = engine.load_checkpoint(str(path), tag=TAG, load_module_strict=True,
+                                               load_optimizer_states=True, load_lr_scheduler_states=True)
     finally:
         engine.checkpoint_engine = original
     if loaded is None:

@@ -23,8 +23,9 @@ from zoo.config.schema import Config, register_configs
 
 register_configs()
 _task_started = TaskStarted()
-# Exit codes with which ranks stop after rank 0 printed the reason: a config error (2), a
-# diverged loss (3), a Slurm requeue request (75), SIGINT (130), SIGTERM (143).
+# Exit codes with which ranks stop after printing the reason (rank 0, or the rank whose own
+# files were refused): a config error (2), a diverged loss (3), a Slurm requeue request
+# (75), SIGINT (130), SIGTERM (143).
 REPORTED_EXITS = (2, 3, 75, 130, 143)
 
 
@@ -96,8 +97,8 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         sys.exit(128 + int(err.sigval))
     except ChildFailedError as err:
         rank, first = err.get_first_failure()
-        if first.exitcode in REPORTED_EXITS and all(f.exitcode == first.exitcode for f in err.failures.values()):
-            sys.exit(first.exitcode)  # every rank stopped the same way and rank 0 said why
+        if first.exitcode in REPORTED_EXITS:
+            sys.exit(first.exitcode)  # the rank that stopped first said why (the others were stopped)
         print(f"zoo: rank {rank} failed first (exit code {first.exitcode}):\n{first.message}",
               file=sys.stderr, flush=True)
         sys.exit(1)

@@ -87,7 +87,17 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
                  f"parallel.zero_stage={p.zero_stage} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine supports "
                  f"ZeRO stage 0 or 1 only; set parallel.zero_stage=1 or parallel.pp=1")
     _check_batches(cfg, layout, warnings)
+    _check_deepspeed_keys(cfg)
     return warnings
+
+
+def _check_deepspeed_keys(cfg: Config) -> None:
+    """Raw `deepspeed:` keys that would take DeepSpeed down a path zoo does not guard."""
+    ds_checkpoint = (cfg.deepspeed or {}).get("checkpoint") or {}
+    _require(not (isinstance(ds_checkpoint, dict) and ds_checkpoint.get("load_universal")),
+             "deepspeed.checkpoint.load_universal=true is refused: DeepSpeed's universal-checkpoint loader unpickles "
+             "its files with torch.load(weights_only=False), which runs any code a file holds; zoo's own "
+             "checkpoints already resume on any layout (resume=PATH): drop the key")
 
 
 def _check_data(cfg: Config) -> None:

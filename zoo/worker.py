@@ -151,7 +151,8 @@ def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None
             _find_micro_batch(cfg, layout, grid, task, device, rank)
         trainer = Trainer(cfg, layout, grid, task, run_path, device)
     except (CheckpointError, RunDirError, BatchFinderError) as err:  # user mistakes, reported like a config error
-        if rank == 0:
+        # Rank 0 reports what every rank found alike; a rank reports what only its own files showed.
+        if rank == 0 or getattr(err, "rank_local", False):
             print(f"zoo: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     try:
