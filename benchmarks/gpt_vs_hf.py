@@ -54,7 +54,7 @@ def main() -> None:
     import deepspeed
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from zoo.build import build_gpt
+    from zoo.build import build_model
     from zoo.engine import param_groups
     from zoo.models.gpt import gpt_shape
 
@@ -66,7 +66,7 @@ def main() -> None:
     y = torch.randint(0, a.vocab, (a.batch, a.block), generator=g)
 
     shape = gpt_shape("tiny", a.vocab, n_layer=a.layers, n_head=a.heads, n_embd=a.embd, block_size=a.block)
-    model = build_gpt(shape, seed=0, device=torch.device("cpu"))
+    model = build_model(shape, seed=0, device=torch.device("cpu"))
     ds = {"train_batch_size": a.batch, "train_micro_batch_size_per_gpu": a.batch, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1, "torch_adam": True}},
           "bf16": {"enabled": a.dtype == "bf16"}, "zero_optimization": {"stage": 0}, "steps_per_print": 10**9}

@@ -19,6 +19,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from zoo.errors import DataError
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 SPLIT_SEED = 0
 
@@ -104,12 +106,12 @@ def load_image_folder(path: str, eval_fraction: float, image_size: Optional[int]
 
     root = Path(path)
     if not root.is_dir():
-        raise ValueError(f"data.path={path!r} is not a directory of class sub-directories")
+        raise DataError(f"data.path={path!r} is not a directory of class sub-directories")
     splits = [root / "train", root / "test"] if (root / "train").is_dir() and (root / "test").is_dir() else [root]
     found = [_folder(r) for r in splits]
     classes = sorted({c for _, cs in found for c in cs})
     if not classes or not all(files for files, _ in found):
-        raise ValueError(f"data.path={path!r} holds no images in class sub-directories ({', '.join(IMAGE_SUFFIXES)})")
+        raise DataError(f"data.path={path!r} holds no images in class sub-directories ({', '.join(IMAGE_SUFFIXES)})")
     index = {c: i for i, c in enumerate(classes)}
     loaded = []
     for files, _ in found:
@@ -138,7 +140,7 @@ def load_hub_images(path: str, eval_fraction: float, *, image_column: str = "ima
     train = ds["train"]
     for column in (image_column, label_column):
         if column not in train.column_names:
-            raise ValueError(f"the dataset at {path!r} has no column {column!r} (columns: {train.column_names}); "
+            raise DataError(f"the dataset at {path!r} has no column {column!r} (columns: {train.column_names}); "
                              f"set data.image_column / data.label_column")
     feature = train.features[label_column]
     classes = list(feature.names) if hasattr(feature, "names") else [str(c) for c in sorted(set(train[label_column]))]

@@ -16,6 +16,7 @@ from typing import List, Optional
 import numpy as np
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
+from zoo.errors import DataError
 
 
 @dataclass
@@ -71,11 +72,11 @@ def prepare_packed_blocks(docs: List[str], tokenizer_dir: str, *, block_size: in
 
         eos_id = AutoTokenizer.from_pretrained(tokenizer_dir).eos_token_id
         if eos_id is None:
-            raise ValueError(f"tokenizer at {tokenizer_dir} has no end-of-text token; packing needs one")
+            raise DataError(f"tokenizer at {tokenizer_dir} has no end-of-text token; packing needs one")
         doc_ids = tokenize_documents(docs, tokenizer_dir, num_proc)
         blocks, tail = pack(doc_ids, eos_id, block_size)
         if len(blocks) < 2:
-            raise ValueError(f"the source yields {len(blocks)} blocks of {block_size + 1} tokens; "
+            raise DataError(f"the source yields {len(blocks)} blocks of {block_size + 1} tokens; "
                              f"use more text or a smaller model.block_size")
         train, held = split_eval(blocks, eval_fraction)
         np.save(tmp / "train.npy", train)

@@ -33,6 +33,7 @@ import torch
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 from data_pipelines.lm import split_eval
 from data_pipelines.sampler import BucketedBatchSampler
+from zoo.errors import DataError
 
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")
@@ -119,7 +120,7 @@ def prepare_mlm_samples(docs: List[str], tokenizer_dir: str, *, block_size: int,
         ids, offsets, firsts = pair_samples(doc_sentences, block_size=block_size, cls_id=tok.cls_token_id,
                                             sep_id=tok.sep_token_id)
         if len(firsts) < 2:
-            raise ValueError(f"the source yields {len(firsts)} samples; use more text")
+            raise DataError(f"the source yields {len(firsts)} samples; use more text")
         train, held = split_eval(np.arange(len(firsts)), eval_fraction)
         for name, array in (("ids", ids), ("offsets", offsets), ("first_lengths", firsts), ("train", train),
                             ("eval", held)):

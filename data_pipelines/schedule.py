@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from zoo.errors import DataError
+
 
 class SampleStream:
     def __init__(self, num_samples: int, seed: int, shuffle: bool = True):
         if num_samples <= 0:
-            raise ValueError("the dataset is empty: no samples to train on")
+            raise DataError("the dataset is empty: no samples to train on")
         self.num_samples = num_samples
         self.seed = seed
         self.shuffle = shuffle

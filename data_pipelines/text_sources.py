@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from zoo.errors import DataError
+
 TEXT_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-class DataError(ValueError):
-    """A data source that cannot be used; the message names it and the fix."""
 
 
 @dataclass
@@ -83,6 +81,9 @@ def _read_files(path: str, column: str, counts: Dict[str, int]) -> List[str]:
             except UnicodeDecodeError:
                 texts.append(raw.decode("utf-8", errors="replace"))
                 counts["invalid_utf8_replaced"] = counts.get("invalid_utf8_replaced", 0) + 1
+            continue
+        if f.stat().st_size == 0:  # datasets fails on an empty file with a bare StopIteration
+            counts["empty_files_skipped"] = counts.get("empty_files_skipped", 0) + 1
             continue
         try:
             table = datasets.load_dataset(kind, data_files=str(f), split="train")
@@ -143,8 +144,9 @@ def read_source(name: str, path: Optional[str] = None, text_column: str = "text"
         raise DataError(f"data.name={name!r} is not a text source; use pydoc, files or hub")
     texts = _clean(texts, counts)
     if not texts:
-        raise DataError(f"data source {name}{' ' + path if path else ''} holds no text "
-                        f"({counts.get('empty_skipped', 0)} empty records skipped)")
+        raise DataError(f"data.name={name}{' data.path=' + path if path else ''} holds no text "
+                        f"({counts.get('empty_skipped', 0)} empty records and {counts.get('empty_files_skipped', 0)} "
+                        f"empty files skipped); point data.path at files with text")
     return Documents(texts, key, counts)
 
 

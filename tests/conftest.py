@@ -11,6 +11,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TIERS = {"e2e": "e2e", "slurm": "slurm"}  # folder under tests/ -> marker
+
+
+def pytest_collection_modifyitems(items):
+    """Mark each test by its tier folder, so `-m "not e2e"` and `-m slurm` select by tier too."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
+        if parts and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, TIERS[parts[0]]))
 
 
 @pytest.fixture(scope="session")

@@ -89,7 +89,7 @@ from zoo.config.schema import register_configs
 from zoo.worker import init_distributed, leave_process_group
 from zoo.validate import resolve_layout
 from zoo.parallel.topology import build_grid
-from zoo.tasks import TASKS
+from zoo.families import family
 from zoo import batch_finder
 
 conf, run_dir, port = sys.argv[1:4]
@@ -101,7 +101,7 @@ with initialize_config_dir(config_dir=conf, version_base=None):
 init_distributed(cfg)
 layout, _ = resolve_layout(cfg, 1)
 grid = build_grid(layout)
-task = TASKS["gpt"](cfg, torch.device("cpu"))
+task = family("gpt").task(cfg, torch.device("cpu"), layout)
 task.prepare(Path(run_dir), 0)
 fed, losses = [], []
 micro_batch = task.micro_batch

@@ -87,7 +87,7 @@ def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, writt
 def test_every_torch_load_during_a_native_load_is_weights_only(tmp_path):
     """DeepSpeed's universal-checkpoint and optimizer paths call torch.load(weights_only=False)
     themselves; inside the guard that flag is overridden and the refusal names the file."""
-    from zoo.native_checkpoint import RefusedPickle, weights_only_loading
+    from zoo.checkpoint.native import RefusedPickle, weights_only_loading
 
     marker, hostile, plain = tmp_path / "code-ran", tmp_path / "optimizer_state.pt", tmp_path / "plain.pt"
     torch.save({"state": ExecutesCode(marker)}, hostile)
@@ -235,8 +235,8 @@ def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path, written):
 @pytest.mark.parametrize("zero_stage, setting, on", [(3, None, True), (1, None, False), (0, None, False),
                                                       (1, True, True), (3, False, False)])
 def test_native_files_by_default_only_under_zero3(zero_stage, setting, on):
+    from zoo.checkpoint.native import enabled
     from zoo.config.schema import Config
-    from zoo.native_checkpoint import enabled
     from zoo.parallel.topology import Layout
 
     cfg = Config()

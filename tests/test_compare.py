@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
-from zoo.compare import Run, differing_keys, table
+from zoo.observe.compare import Run, differing_keys, table
 
 FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         "trainer.global_batch_size=8", "trainer.max_steps=4", "trainer.log_every=1"]

@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from data_pipelines.schedule import micro_batch_start
-from zoo.comm_timer import CommTimer
 from zoo.data_loading import StepLoader
-from zoo.flops import forward_flops, transformer_flops_per_token
-from zoo.monitor import diagnose
+from zoo.observe.comm_timer import CommTimer
+from zoo.observe.flops import forward_flops, transformer_flops_per_token
+from zoo.observe.monitor import diagnose
 from zoo.worker import leave_process_group
 
 FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
@@ -133,8 +133,10 @@ def test_monitor_readings_on_a_pipeline(run_zoo):
 def slow_loading_main() -> None:
     """`python -m zoo.train` with a GPT task whose training batches take SLOW_COLLATE_S each
     to build: a loader that really cannot keep up (run in the test's subprocess)."""
-    from zoo import tasks
-    from zoo.tasks.gpt import GPTTask
+    import dataclasses
+
+    from zoo import families
+    from zoo.families.gpt.task import GPTTask
 
     class SlowLoadingGPT(GPTTask):
         def collate(self, split, indices):
@@ -142,7 +144,7 @@ def slow_loading_main() -> None:
                 time.sleep(SLOW_COLLATE_S)
             return super().collate(split, indices)
 
-    tasks.TASKS["gpt"] = SlowLoadingGPT
+    families.FAMILIES["gpt"] = dataclasses.replace(families.FAMILIES["gpt"], task=SlowLoadingGPT)
     runpy.run_module("zoo.train", run_name="__main__", alter_sys=True)  # as `python -m zoo.train`
 
 

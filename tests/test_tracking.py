@@ -19,8 +19,8 @@ import pytest
 
 from tests.conftest import REPO
 from zoo.config.schema import Config
+from zoo.observe.tracking import credentials_configured, default_group, default_name, wandb_mode
 from zoo.parallel.topology import Layout
-from zoo.tracking import credentials_configured, default_group, default_name, wandb_mode
 
 FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         "trainer.global_batch_size=8", "trainer.micro_batch_size=2", "trainer.max_steps=4", "trainer.log_every=2"]
@@ -210,7 +210,7 @@ def test_an_unreachable_server_falls_back_to_offline(tmp_path):
     code = ("from pathlib import Path\n"
             "from zoo.config.schema import Config\n"
             "from zoo.parallel.topology import Layout\n"
-            "from zoo.tracking import open_tracker\n"
+            "from zoo.observe.tracking import open_tracker\n"
             "cfg = Config()\n"
             "cfg.model.family, cfg.logger.kind = 'gpt', 'wandb'\n"
             f"tracker = open_tracker(cfg, Layout(1, 1, 1), Path({str(tmp_path)!r}), 0, {{}})\n"

@@ -21,11 +21,9 @@ from typing import Callable, List, Tuple
 import torch
 import torch.distributed as dist
 
+from zoo.errors import BatchFinderError
+
 HEADROOM = 0.8  # the share of device memory a run may plan to use
-
-
-class BatchFinderError(ValueError):
-    """No candidate micro-batch fits; the message says what was measured and what to change."""
 
 
 @dataclass
@@ -79,7 +77,7 @@ def _probe(cfg, layout, grid, task, device) -> Callable[[int], int]:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        engine = initialize_engine(task.build_model(layout, grid), trial_cfg, layout, grid)
+        engine = initialize_engine(task.build_model(grid), trial_cfg, layout, grid)
         engine.train()
         dp_rank = grid.get_data_parallel_rank()
         for step in range(2):

@@ -1,85 +1,8 @@
-"""Export a run or a checkpoint to a Hugging Face transformers directory.
+"""Export a run or a checkpoint to a Hugging Face transformers directory (see zoo.checkpoint.export).
 
     python -m zoo.export RUN_DIR_OR_CHECKPOINT OUT_DIR
-
-Reads the layout-free weights (a run's model.safetensors or a checkpoint's stage files),
-whatever layout wrote them, and writes `config.json`, `model.safetensors` and the
-tokenizer, loadable with `GPT2LMHeadModel.from_pretrained(OUT_DIR)` (GPT) or
-`BertForMaskedLM.from_pretrained(OUT_DIR)` (BERT).
 """
-from __future__ import annotations
-
-import argparse
-import json
-import shutil
-import sys
-from pathlib import Path
-from typing import Tuple
-
-from zoo.hf import CONVERTERS, State
-
-
-def read_zoo(src: Path) -> Tuple[str, dict, State, Path]:
-    """(family, model meta, plain state, run directory) of a run directory or checkpoint."""
-    from safetensors.torch import load_file
-
-    from zoo.checkpoint import read_state, resolve
-
-    final = src / "model.safetensors"
-    if final.exists() and not (src / "state.json").exists():  # a finished run's consolidated weights
-        from safetensors import safe_open
-
-        with safe_open(str(final), framework="pt") as fh:
-            info = fh.metadata() or {}
-        if "shape" in info:
-            return info["family"], json.loads(info["shape"]), load_file(str(final)), src
-    ckpt = src if (src / "state.json").exists() else resolve(str(src), src)
-    if ckpt is None:
-        raise ValueError(f"{src}: no checkpoint found (train with checkpoint.every=N)")
-    state_json = read_state(ckpt)
-    state: State = {}
-    for f in sorted(ckpt.glob("model-*.safetensors")):
-        state.update(load_file(str(f)))
-    return state_json["family"], state_json["shape"], state, ckpt.parent.parent
-
-
-def export(src: Path, out: Path) -> Path:
-    family, meta, state, run_dir = read_zoo(src)
-    if family not in CONVERTERS:
-        raise ValueError(f"export of family {family!r} is not supported; supported: {sorted(CONVERTERS)}")
-    tokenizer = run_dir / "tokenizer"
-    special = {}
-    if tokenizer.is_dir():
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(tokenizer))
-        special = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    config, hf_state = CONVERTERS[family][0](state, meta, **special)
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(str(out))
-    save_file({k: v.contiguous() for k, v in hf_state.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
-    if tokenizer.is_dir():
-        for f in tokenizer.iterdir():
-            if f.is_file() and f.name != ".complete":
-                shutil.copy2(f, out / f.name)
-    return out
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m zoo.export", description=__doc__.split("\n")[0])
-    parser.add_argument("src", type=Path, help="a run directory or a checkpoint directory")
-    parser.add_argument("out", type=Path, help="the transformers directory to write")
-    args = parser.parse_args(argv)
-    try:
-        out = export(args.src, args.out)
-    except ValueError as err:
-        print(f"zoo.export: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    print(f"exported {args.src} -> {out}")
-
+from zoo.checkpoint.export import main
 
 if __name__ == "__main__":
     main()

@@ -6,9 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-
-class RunDirError(ValueError):
-    """The run directory cannot hold this run; the message says why and what to do."""
+from zoo.errors import RunDirError
 
 
 def check_writable(path: str | os.PathLike) -> None:

@@ -47,14 +47,15 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     import torch
 
     from zoo import launch
-    from zoo.validate import ConfigError, resolve_layout, validate
+    from zoo.errors import ZooError
+    from zoo.validate import resolve_layout, validate
 
     cfg: Config = OmegaConf.to_object(dcfg)
     env = launch.detect()
     try:
         layout, warnings = resolve_layout(cfg, env.world_size)
         warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
-    except ConfigError as err:
+    except ZooError as err:
         if cfg.debug:
             raise
         _fail(str(err), run_dir)
@@ -87,9 +88,8 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), ZOO_LOCAL_WORKER="1")
         worker_main(cfg_yaml, run_dir)
         return
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s)

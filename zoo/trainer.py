@@ -1,7 +1,7 @@
 """The training loop of one rank: steps through the DeepSpeed engine on batches the loader
 prepared in the background (`zoo.data_loading`), the monitor's readings every log_every
 steps (`zoo.monitor`), held-out evaluation, the consolidated weights and the run summary.
-Everything that differs between model families is the task's (`zoo.tasks`).
+Everything that differs between model families is the family's (`zoo.families`).
 """
 from __future__ import annotations
 
@@ -13,17 +13,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zoo import checkpoint, native_checkpoint
+from zoo import checkpoint, signals
+from zoo.checkpoint import native as native_checkpoint
+from zoo.checkpoint.consolidate import consolidated_state_dict
+from zoo.checkpoint.weights import load_plain, save_weights
 from zoo.config.schema import Config
-from zoo.consolidate import consolidated_state_dict
 from zoo.data_loading import StepLoader
 from zoo.engine import initialize_engine, micro_batching
-from zoo.metrics import RunLog, peak_memory_bytes
-from zoo.monitor import Monitor
+from zoo.families.task import Task
+from zoo.observe.metrics import RunLog, peak_memory_bytes
+from zoo.observe.monitor import Monitor
+from zoo.observe.tracking import open_tracker
 from zoo.parallel.topology import Layout
-from zoo import signals
-from zoo.tasks.base import Task
-from zoo.tracking import open_tracker
 
 DIVERGED_EXIT_CODE = 3  # the loss stayed non-finite
 
@@ -34,7 +35,7 @@ class Trainer:
         self.run_dir = run_dir
         self.rank = dist.get_rank()
         torch.manual_seed(cfg.trainer.seed)
-        self.engine = initialize_engine(task.build_model(layout, grid), cfg, layout, grid)
+        self.engine = initialize_engine(task.build_model(grid), cfg, layout, grid)
         self.pipelined = layout.pp > 1
         self.micro_batch_size, self.grad_accum = micro_batching(cfg, layout)
         self.dp_rank = grid.get_data_parallel_rank()
@@ -243,23 +244,3 @@ class Trainer:
         self.monitor.close()
         self.log.finish(code)
 
-
-def save_weights(state: dict, path: Path, meta: dict) -> None:
-    """Write consolidated weights atomically as safetensors, the model's family and shape
-    in the metadata (what export needs)."""
-    import json
-
-    from safetensors.torch import save_file
-
-    tmp = path.with_suffix(".tmp")
-    save_file(state, str(tmp), metadata={"family": meta["family"], "shape": json.dumps(meta["shape"])})
-    tmp.replace(path)
-
-
-def load_plain(model: torch.nn.Module, state: dict) -> None:
-    """Load consolidated weights (tied parameters appear once) into the plain model."""
-    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"weights do not match the model: missing {sorted(set(missing) - tied)}, "
-                         f"unexpected {sorted(unexpected)}")

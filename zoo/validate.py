@@ -1,24 +1,19 @@
 """One validation pass over the composed config, before any process or process group starts.
 
 Each rule raises `ConfigError` with what is wrong, the numbers and the fix; `zoo.train`
-prints it as one line and exits 2. Rules that only warn return their messages.
+prints it as one line and exits 2. Rules that only warn return their messages. What differs
+between model families is each family's own check (`FamilySpec.check`, zoo.families).
 """
 from __future__ import annotations
 
 from typing import List, Optional
 
 from zoo.config.schema import Config
+from zoo.errors import ConfigError
 from zoo.parallel.topology import Layout
 
-FAMILIES = ("gpt", "bert", "cnn")
 DTYPES = ("fp32", "bf16", "fp16")
 LOGGERS = ("wandb", "none")
-# What each family reads: text for the language models, images for the classifier.
-DATA_SOURCES = {"gpt": ("pydoc", "files", "hub", "prepared"), "bert": ("pydoc",), "cnn": ("digits", "files", "hub")}
-
-
-class ConfigError(ValueError):
-    """A user mistake in the config; the message names the key, the numbers and the fix."""
 
 
 def _require(ok: bool, message: str) -> None:
@@ -50,13 +45,15 @@ def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List
 
 def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     """Check every cross-key rule; returns warnings, raises ConfigError on the first error."""
+    from zoo.families import family
+
     warnings: List[str] = []
     t, p, m = cfg.trainer, cfg.parallel, cfg.model
-    _require(m.family in FAMILIES, f"model.family={m.family!r} is unknown; choose one of {list(FAMILIES)}")
+    spec = family(m.family)
     _require(cfg.precision.dtype in DTYPES,
              f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPES)}")
     _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
-    _check_data(cfg)
+    _check_data(cfg, spec)
     _check_micro_batch(cfg, layout, cuda_available)
     for key in ("global_batch_size", "log_every"):
         _require(getattr(t, key) > 0, f"trainer.{key}={getattr(t, key)} must be positive")
@@ -69,17 +66,18 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     if cfg.precision.dtype == "fp16":
         _require(cuda_available, "precision=fp16 needs CUDA (dynamic loss scaling runs on the GPU) and no GPU "
                                  "is visible; use precision=bf16 or precision=fp32 on this machine")
-    if m.family == "cnn":
-        layers, what = _check_cnn(cfg, layout, warnings)
-    else:
-        layers, what = _check_transformer(cfg, layout)
-    if m.family != "gpt":
-        _require(not p.sequence_parallel,
-                 f"parallel.sequence_parallel=true is implemented for GPT only; model.family={m.family} has no "
-                 f"sequence-parallel plan; set parallel.sequence_parallel=false")
-        if t.sample_tokens > 0:
-            warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
-                            f"generates no text")
+    layers, what = spec.check(cfg, layout, warnings)
+    _require(spec.tp_plan is not None or layout.tp == 1,
+             f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel plan; use parallel.tp=1")
+    if p.sequence_parallel and not spec.sequence_parallel:
+        from zoo.families import FAMILIES
+
+        raise ConfigError(f"parallel.sequence_parallel=true is implemented for model.family in "
+                          f"{sorted(n for n, s in FAMILIES.items() if s.sequence_parallel)} only; model.family="
+                          f"{m.family} has no sequence-parallel plan; set parallel.sequence_parallel=false")
+    if not spec.generates_text and t.sample_tokens > 0:
+        warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
+                        f"generates no text")
     _require(layout.pp <= layers,
              f"parallel.pp={layout.pp} is more than the {layers} {what}; use pp <= {layers}")
     if layout.pp > 1:
@@ -100,116 +98,34 @@ def _check_deepspeed_keys(cfg: Config) -> None:
              "checkpoints already resume on any layout (resume=PATH): drop the key")
 
 
-def _check_data(cfg: Config) -> None:
+def _check_data(cfg: Config, spec) -> None:
+    from zoo.families import FAMILIES
+
     d, family = cfg.data, cfg.model.family
     _require(d.num_proc >= 1, f"data.num_proc={d.num_proc} must be >= 1")
-    sources = DATA_SOURCES[family]
+    sources = spec.data_sources
     if d.name not in sources:
-        known = sorted({s for names in DATA_SOURCES.values() for s in names})
+        known = sorted({s for other in FAMILIES.values() for s in other.data_sources})
         _require(d.name in known, f"data.name={d.name!r} is unknown; choose one of {known}")
-        reads, hint = (("images", "data=digits (model=cnn's default), or data=files / data=hub with data.path")
-                       if family == "cnn" else ("text", f"data={sources[0]}"))
-        raise ConfigError(f"data.name={d.name!r} does not fit model.family={family}, which reads {reads}; use {hint}")
+        hint = ", ".join(f"data={s}" for s in sources)
+        raise ConfigError(f"data.name={d.name!r} does not fit model.family={family}, which reads {spec.reads}; "
+                          f"use {hint}" + (" (files and hub with data.path)" if "files" in sources else ""))
     if d.name in ("files", "hub", "prepared") and not d.mix:
-        what = {"files": "a directory with one sub-directory of images per class" if family == "cnn"
+        what = {"files": "a directory with one sub-directory of images per class" if spec.reads == "images"
                 else "a text file, a directory or a glob (txt, jsonl, parquet, csv)",
                 "hub": "a Hugging Face dataset name or a local dataset directory",
                 "prepared": "the output directory of `python -m data_pipelines.prepare`"}[d.name]
         _require(bool(d.path), f"data.name={d.name} needs data.path: {what}")
     if d.mix:
-        _require(family in ("gpt",), f"data.mix mixes text sources for model=gpt; model.family={family} reads one source")
+        _require(spec.mixes_data, f"data.mix mixes text sources for the families that read several "
+                                  f"({sorted(n for n, s in FAMILIES.items() if s.mixes_data)}); "
+                                  f"model.family={family} reads one source")
         for m in d.mix:
             _require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
                      f"data.mix entry {m} needs name: pydoc, files or hub (and path, weight)")
-    if family == "bert":
-        _require(0 < d.mlm_probability < 1, f"data.mlm_probability={d.mlm_probability} must be in (0, 1)")
+    _require(0 < d.mlm_probability < 1, f"data.mlm_probability={d.mlm_probability} must be in (0, 1)")
     if d.image_size is not None:
         _require(d.image_size > 0, f"data.image_size={d.image_size} must be positive (or null)")
-
-
-def _imported_dims(m):
-    """The dimensions of the transformers model that model.init_from names (its config.json)."""
-    from zoo.hf import hf_meta
-    from zoo.models.bert import BertShape
-    from zoo.models.gpt import GPTShape
-
-    try:
-        family, meta = hf_meta(m.init_from)
-    except KeyError as err:
-        raise ConfigError(f"model.init_from={m.init_from}: its config.json has no {err}") from None
-    except (ValueError, OSError) as err:  # no config.json, an unsupported model_type, unreadable
-        msg = str(err)
-        raise ConfigError(msg if msg.startswith("model.init_from") else f"model.init_from={m.init_from}: {msg}") from None
-    _require(family == m.family, f"model.init_from={m.init_from} holds a {family} model and model.family={m.family}; "
-                                 f"use model={family}")
-    return (GPTShape if family == "gpt" else BertShape)(**meta)
-
-
-def _check_transformer(cfg: Config, layout: Layout) -> tuple[int, str]:
-    """GPT and BERT: dimensions and their tensor-parallel splits, those of the imported model
-    under model.init_from. Returns the layer count."""
-    from zoo.models import model_dims
-
-    m = cfg.model
-    try:
-        dims = _imported_dims(m) if m.init_from else model_dims(m, vocab_size=m.vocab_size)
-    except ConfigError:
-        raise
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    for key in ("n_layer", "n_head", "n_embd", "block_size"):
-        _require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
-    _require(dims.n_embd % dims.n_head == 0,
-             f"model.n_embd={dims.n_embd} is not divisible by model.n_head={dims.n_head}")
-    if layout.tp > 1:
-        heads = "the imported model's heads" if m.init_from else "model.n_head"
-        for what, size in ((heads, dims.n_head), ("the FFN width", dims.ffn_dim)):
-            _require(size % layout.tp == 0,
-                     f"parallel.tp={layout.tp} does not divide {what} ({size}); choose tp among "
-                     f"{[d for d in range(1, size + 1) if size % d == 0 and d <= 64]}")
-        if m.init_from:
-            _require(dims.vocab_size % layout.tp == 0,
-                     f"parallel.tp={layout.tp} does not divide the vocabulary of model.init_from={m.init_from} "
-                     f"({dims.vocab_size} tokens), which the embedding splits by rows; choose tp among "
-                     f"{[d for d in range(1, 65) if dims.vocab_size % d == 0]}, or pad the model's vocabulary "
-                     f"first (transformers: resize_token_embeddings(n, pad_to_multiple_of={128 * layout.tp}))")
-        elif m.vocab_size is None:
-            _require(m.vocab_pad_multiple % layout.tp == 0,
-                     f"parallel.tp={layout.tp} does not divide model.vocab_pad_multiple ({m.vocab_pad_multiple}), "
-                     f"the multiple the vocabulary is padded to; set model.vocab_pad_multiple to a multiple of {layout.tp}")
-        else:
-            _require(m.vocab_size % layout.tp == 0,
-                     f"parallel.tp={layout.tp} does not divide model.vocab_size ({m.vocab_size}); pad it to "
-                     f"{-(-m.vocab_size // (128 * layout.tp)) * 128 * layout.tp} or leave model.vocab_size null")
-    return dims.n_layer, f"layers of model.init_from={m.init_from}" if m.init_from else f"layers of model.size={m.size}"
-
-
-def _check_cnn(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, str]:
-    """The ResNet: its size, what it ignores, and no tensor parallelism. Returns the block count."""
-    from zoo.models.cnn import cnn_shape
-
-    m = cfg.model
-    try:
-        shape = cnn_shape(m.size)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    _require(not m.init_from, f"model.init_from={m.init_from}: importing from transformers is for model=gpt (GPT-2) "
-                              f"and model=bert; the CNN has no transformers counterpart: leave model.init_from null")
-    _require(layout.tp == 1,
-             f"parallel.tp={layout.tp} with model.family=cnn: tensor parallelism splits each layer's weights "
-             f"across ranks and exchanges activations after every layer; a ResNet's convolutions at these sizes "
-             f"(at most a few million weights each) gain nothing from that, and data parallelism is the right tool: "
-             f"use parallel=ddp or parallel=zero1/zero2/zero3 (plus parallel=pp to split the depth), with parallel.tp=1")
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        if getattr(m, key) is not None:
-            warnings.append(f"model.{key}={getattr(m, key)} is ignored by model.family=cnn: its shape comes from "
-                            f"model.size ({m.size}) and the images")
-    _require(not m.activation_checkpointing,
-             "model.activation_checkpointing=true is not supported for model.family=cnn: recomputing a block in "
-             "backward would update its BatchNorm running statistics a second time; set it to false")
-    if m.dropout:
-        warnings.append(f"model.dropout={m.dropout} is ignored by model.family=cnn (a ResNet has no dropout)")
-    return shape.num_blocks, f"residual blocks of model.size={m.size}"
 
 
 def _check_micro_batch(cfg: Config, layout: Layout, cuda_available: bool) -> None:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from zoo.config.schema import Config
+from zoo.errors import USER_ERROR_EXIT_CODE, RunDirError, ZooError
 from zoo.parallel.topology import Layout, build_grid, describe_grid
 
 
@@ -108,6 +109,13 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     init_distributed(cfg)
     try:
         _run(cfg, cfg_yaml, run_dir, device)
+    except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (debug=true: the traceback)
+        if cfg.debug:
+            raise
+        # Rank 0 reports what every rank finds alike; a rank reports what only its own inputs showed.
+        if dist.get_rank() == 0 or err.rank_local:
+            print(f"zoo: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(USER_ERROR_EXIT_CODE) from None
     finally:  # on every way out: an error, a refusal, a signal
         leave_process_group()
 
@@ -123,15 +131,14 @@ def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None
     write_topology(layout, run_path, rank)
     grid = build_grid(layout)
 
-    from zoo.tasks import TASKS
+    from zoo.families import family
     from zoo.trainer import Trainer
 
-    task = TASKS[cfg.model.family](cfg, device)
+    task = family(cfg.model.family).task(cfg, device, layout)
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
-    from zoo.checkpoint import CheckpointError
-    from zoo import native_checkpoint
-    from zoo.rundir import RunDirError, check_space, expected_bytes
+    from zoo.checkpoint import native as native_checkpoint
+    from zoo.rundir import check_space, expected_bytes
 
     problem = [None]
     if rank == 0:
@@ -142,19 +149,11 @@ def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None
         except RunDirError as err:
             problem = [str(err)]
     dist.broadcast_object_list(problem, src=0)  # every rank stops, none waits in a collective
-    from zoo.batch_finder import BatchFinderError
-
-    try:
-        if problem[0]:
-            raise RunDirError(problem[0])
-        if cfg.trainer.micro_batch_size == "auto":
-            _find_micro_batch(cfg, layout, grid, task, device, rank)
-        trainer = Trainer(cfg, layout, grid, task, run_path, device)
-    except (CheckpointError, RunDirError, BatchFinderError) as err:  # user mistakes, reported like a config error
-        # Rank 0 reports what every rank found alike; a rank reports what only its own files showed.
-        if rank == 0 or getattr(err, "rank_local", False):
-            print(f"zoo: error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+    if problem[0]:
+        raise RunDirError(problem[0])
+    if cfg.trainer.micro_batch_size == "auto":
+        _find_micro_batch(cfg, layout, grid, task, device, rank)
+    trainer = Trainer(cfg, layout, grid, task, run_path, device)
     try:
         trainer.fit()
         dist.barrier()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.build import BertPiece, build_model, count_parameters
+from zoo.build import build_model, count_parameters
 from zoo.models.bert import BERT_SIZES, BertForMaskedLM, bert_shape
 
 CPU = torch.device("cpu")
@@ -84,11 +84,24 @@ def test_sizes_and_init():
     assert sd["bert.embeddings.LayerNorm.weight"].eq(1).all() and sd["cls.predictions.decoder.bias"].eq(0).all()
 
 
-def test_pipeline_pieces_add_up_to_the_model():
+def test_pipeline_layers_add_up_to_the_model_and_run_its_forward():
+    """The layers' parameters (the tied word embeddings counted once) are the model's, and a
+    stage layer built alone holds exactly the full model's tensors at the same names."""
+    from zoo.build import materialise
+    from zoo.parallel.pipeline import StageLayer
+
     shape = bert_shape("tiny", 512)
-    parts = [("word_embeddings", 0), ("embeddings", 0), *[("layer", i) for i in range(shape.n_layer)],
-             ("transform", 0), ("decoder_bias", 0)]
-    assert sum(BertPiece.parameter_count(shape, p, i) for p, i in parts) == count_parameters(shape)
+    with torch.device("meta"):
+        meta = BertForMaskedLM(shape)
+    layers = meta.pipeline_layers()
+    held = {n for layer in layers for path in layer.paths for n, _ in meta.get_submodule(path).named_parameters(prefix=path)}
+    assert held == {n for n, _ in meta.named_parameters(remove_duplicate=False)}
+    full = build_model(shape, seed=3, device=CPU).state_dict()
+    build = lambda m: materialise(m, shape=shape, seed=3, device=CPU)  # noqa: E731
+    for index in (0, 2, len(layers) - 1):
+        stage = StageLayer(meta, index, build)
+        for name, t in stage.state_dict().items():
+            assert torch.equal(t, full[name]), name
 
 
 # -- masked-LM data -----------------------------------------------------------------------
@@ -202,7 +215,7 @@ def test_mean_loss_is_over_masked_positions_only():
 def _tp_equivalence(rank, world):
     import torch.distributed as dist
 
-    from zoo.consolidate import full_parameters
+    from zoo.checkpoint.consolidate import full_parameters
     from zoo.parallel.mappings import gather_from_tp_region
     from zoo.parallel.sharding import unshard_tensors
 

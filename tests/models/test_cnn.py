@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from zoo.build import CNNPiece, build_model, count_parameters
+from zoo.build import build_model, count_parameters
 from zoo.models.cnn import ResNet, cnn_shape
 
 CPU = torch.device("cpu")
@@ -37,9 +37,18 @@ def test_loss_pieces_and_init():
     assert sd["stem.bn1.running_var"].eq(1).all() and sd["stem.bn1.running_mean"].eq(0).all()
     fan_out = 32 * 3 * 3
     assert sd["layer1.0.conv1.weight"].std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.1)
-    parts = [("stem", 0), *[("block", (s, i)) for s, i, *_ in shape.blocks()], ("head", 0)]
-    assert sum(CNNPiece.parameter_count(shape, p, i) for p, i in parts) == count_parameters(shape)
-    piece = CNNPiece(shape, "block", (2, 0), seed=2, device=CPU)
+    from zoo.build import materialise
+    from zoo.parallel.pipeline import StageLayer
+
+    with torch.device("meta"):
+        meta = ResNet(shape)
+    layers = meta.pipeline_layers()
+    assert [layer.paths for layer in layers] == [("stem",), *[(f"layer{s}.{i}",) for s, i, *_ in shape.blocks()],
+                                                 ("fc",)]
+    assert sum(p.numel() for layer in layers for path in layer.paths
+               for p in meta.get_submodule(path).parameters()) == count_parameters(shape)
+    index = next(i for i, layer in enumerate(layers) if layer.paths == ("layer2.0",))
+    piece = StageLayer(meta, index, lambda m: materialise(m, shape=shape, seed=2, device=CPU))
     assert torch.equal(piece.state_dict()["layer2.0.conv1.weight"], sd["layer2.0.conv1.weight"])
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.build import build_gpt, count_parameters
+from zoo.build import build_model, count_parameters
 from zoo.models.gpt import GPT_SIZES, gpt_init_std, gpt_shape
 from zoo.models.init import normal_param
 from zoo.parallel.sharding import ShardSpec, shard_tensor
@@ -25,7 +25,7 @@ def test_gpt3_family_is_defined_for_planning():
 
 def test_forward_shapes_loss_and_tied_head():
     shape = gpt_shape("tiny", 256, block_size=16)
-    model = build_gpt(shape, seed=0, device=torch.device("cpu"))
+    model = build_model(shape, seed=0, device=torch.device("cpu"))
     idx = torch.randint(0, 256, (3, 16))
     logits = model(idx)
     assert logits.shape == (3, 16, 256)  # (B, T, V)
@@ -38,9 +38,9 @@ def test_forward_shapes_loss_and_tied_head():
 
 def test_init_is_a_function_of_seed_and_name():
     shape = gpt_shape("tiny", 256, block_size=16)
-    a = build_gpt(shape, seed=3, device=torch.device("cpu")).state_dict()
-    b = build_gpt(shape, seed=3, device=torch.device("cpu")).state_dict()
-    c = build_gpt(shape, seed=4, device=torch.device("cpu")).state_dict()
+    a = build_model(shape, seed=3, device=torch.device("cpu")).state_dict()
+    b = build_model(shape, seed=3, device=torch.device("cpu")).state_dict()
+    c = build_model(shape, seed=4, device=torch.device("cpu")).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["h.0.attn.c_attn.weight"], c["h.0.attn.c_attn.weight"])
     std = a["h.0.mlp.c_fc.weight"].std().item()

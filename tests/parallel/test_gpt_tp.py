@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from _dist import run_ranks
 
-from zoo.build import build_gpt
-from zoo.consolidate import full_parameters
+from zoo.build import build_model
+from zoo.checkpoint.consolidate import full_parameters
 from zoo.models.gpt import gpt_shape
 from zoo.parallel.mappings import gather_from_tp_region
 from zoo.parallel.sharding import unshard_tensors
@@ -33,8 +33,8 @@ def _gather_grads(model, group):
 def _equivalence(rank, world, sequence_parallel):
     group = dist.group.WORLD
     shape = gpt_shape("tiny", 256, n_layer=2, block_size=16)
-    ref = build_gpt(shape, seed=11, device=CPU)
-    tp = build_gpt(shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
+    ref = build_model(shape, seed=11, device=CPU)
+    tp = build_model(shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
     full = full_parameters(tp, group)
     for name, p in ref.named_parameters():
         assert torch.equal(full[name], p.detach()), f"initial shard of {name} is not the slice of tp=1"
@@ -56,7 +56,7 @@ def _collectives_per_layer(rank, world):
     real = dist.all_reduce
     for n_layer in (1, 3):
         shape = gpt_shape("tiny", 256, n_layer=n_layer, block_size=16)
-        model = build_gpt(shape, seed=0, device=CPU, tp_group=group)
+        model = build_model(shape, seed=0, device=CPU, tp_group=group)
         idx = torch.randint(0, 256, (2, 16))
         calls = []
         dist.all_reduce = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
@@ -74,8 +74,8 @@ def _collectives_per_layer(rank, world):
 def _memory(rank, world):
     group = dist.group.WORLD
     shape = gpt_shape("tiny", 512, n_layer=4, block_size=16)
-    total = sum(p.numel() for p in build_gpt(shape, seed=0, device=CPU).parameters())
-    local = sum(p.numel() for p in build_gpt(shape, seed=0, device=CPU, tp_group=group).parameters())
+    total = sum(p.numel() for p in build_model(shape, seed=0, device=CPU).parameters())
+    local = sum(p.numel() for p in build_model(shape, seed=0, device=CPU, tp_group=group).parameters())
     # Replicated: LayerNorms, position table, row-parallel biases (~3% here).
     assert total / world <= local <= 1.05 * total / world, (local, total)
 

@@ -1,6 +1,6 @@
 """The planner's model-state bytes per rank against a real DeepSpeed engine, ZeRO stages 0-3.
 
-Two gloo ranks on this CPU build zoo's tiny GPT with `zoo.build.build_gpt`, wrap it with
+Two gloo ranks on this CPU build zoo's tiny GPT with `zoo.build.build_model`, wrap it with
 zoo's own engine config (fp32, torch AdamW, dp=2, two micro-batches per step) and take one
 step. Each rank measures the memory the engine holds, as the union of tensor storage
 ranges so that a buffer shared by two roles counts once:
@@ -83,10 +83,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
-    from zoo.build import build_gpt
+    from zoo.build import build_model
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine
-    from zoo.models import model_dims
+    from zoo.families import model_dims
     from zoo.parallel.topology import Layout, build_grid
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
@@ -97,7 +97,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     x = torch.randint(0, VOCAB, (1, shape.block_size), generator=torch.Generator().manual_seed(rank))
     for stage in range(4):
         layout = Layout(tp=1, pp=1, dp=DP, zero_stage=stage)
-        engine = initialize_engine(build_gpt(shape, seed=0, device=torch.device("cpu")), cfg, layout, build_grid(layout))
+        engine = initialize_engine(build_model(shape, seed=0, device=torch.device("cpu")), cfg, layout, build_grid(layout))
         grads = 0
         for _ in range(2):
             engine.backward(engine(x, x))
@@ -118,11 +118,10 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
-    from zoo.build import build_gpt
+    from zoo.build import build, build_model
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine, param_groups
-    from zoo.models import model_dims
-    from zoo.parallel.pipeline import gpt_pipeline
+    from zoo.families import model_dims
     from zoo.parallel.topology import Layout, build_grid, tp_group
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
@@ -134,11 +133,11 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
     for tp, pp in TP_PP_LAYOUTS:
         layout = Layout(tp=tp, pp=pp, dp=2, zero_stage=1)
         grid = build_grid(layout)
-        build = dict(seed=0, device=torch.device("cpu"), tp_group=tp_group(grid), sequence_parallel=False)
+        options = dict(seed=0, device=torch.device("cpu"), tp_group=tp_group(grid), sequence_parallel=False)
         if pp > 1:
-            model = gpt_pipeline(shape, layout, partition_method="parameters", activation_checkpointing=False, **build)
+            model = build(shape, layout, partition_method="parameters", activation_checkpointing=False, **options)
         else:
-            model = build_gpt(shape, **build)
+            model = build_model(shape, **options)
         groups = [[p.numel() for p in g["params"]] for g in param_groups(model, 0.1)]
         engine = initialize_engine(model, cfg, layout, grid)
         if pp > 1:
@@ -170,7 +169,7 @@ def measured(tmp_path_factory):
 def _group_numels():
     """Parameter numels of zoo's two AdamW groups (decayed matrices, the rest), tied weight once."""
     from zoo.engine import param_groups
-    from zoo.models import model_dims
+    from zoo.families import model_dims
     from zoo.models.gpt import GPT
 
     with torch.device("meta"):

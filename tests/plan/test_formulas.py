@@ -14,7 +14,8 @@ import pytest
 
 from zoo.build import count_parameters
 from zoo.config.schema import ModelConfig
-from zoo.models import model_dims, padded_vocab
+from zoo.families import model_dims
+from zoo.families.transformer import padded_vocab
 from zoo.plan.families import Activations, describe_model, gpt_layer_activations
 from zoo.plan.layout import PlanLayout, stage_layer_counts
 from zoo.plan.memory import model_state_bytes, stage_memory

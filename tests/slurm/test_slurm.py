@@ -200,7 +200,6 @@ def test_failed_job_is_not_requeued_and_a_given_run_dir_is_kept(slurm, tmp_path,
     assert "requeueing" not in job.log
 
 
-@pytest.mark.skipif(not (ROOT / "zoo" / "checkpoint.py").exists(), reason="needs checkpoint resume (issue 9)")
 def test_warned_gpt_run_checkpoints_requeues_and_matches_uninterrupted_run(slurm, tmp_path, reference_run):
     reference, _, reference_summary = reference_run
     job = slurm.submit(tmp_path, TINY_GPT)

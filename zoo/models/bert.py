@@ -7,7 +7,7 @@ own bias). Every parameter has the name it has in `BertForMaskedLM`'s state dict
 export and import are plain copies (`cls.predictions.bias` is HF's alias of the decoder
 bias). Nothing here knows about parallelism: `zoo.parallel.plans` swaps the projections for
 their tensor-parallel twins (q, k and v split by whole heads) and `zoo.parallel.pipeline`
-cuts the layer list into stages.
+cuts `pipeline_layers()`, the list the forward runs, into stages.
 
 Inputs travel as one tensor (B, 2, T): token ids and segment (token-type) ids stacked, so
 the engine and the pipeline stages carry a single tensor; padding is wherever the token id
@@ -15,14 +15,16 @@ is the pad id, and attention never looks at it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zoo.models.gpt import cross_entropy_per_token, masked_mean
+from zoo.models.losses import cross_entropy_per_token, masked_mean
+from zoo.models.stages import PipeLayer, run_layers
 
 # name: (n_layer, n_head, n_embd, block_size); the FFN is 4 x n_embd (model.ffn_mult).
 BERT_SIZES = {
@@ -84,15 +86,10 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(shape.n_embd, eps=LAYER_NORM_EPS)
         self.dropout = nn.Dropout(shape.dropout)
 
-    def combine(self, words: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        """Word vectors (B, T, C) plus positions and token types, normalised. Separate from
-        the word lookup because a pipeline's tied layer holds the word embeddings alone."""
-        pos = torch.arange(words.shape[1], device=words.device)
-        x = words + self.position_embeddings(pos) + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.LayerNorm(x))
-
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        return self.combine(self.word_embeddings(input_ids), token_type_ids)
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
 
 
 class BertSelfAttention(nn.Module):
@@ -195,6 +192,24 @@ class BertOnlyMLMHead(nn.Module):
         self.predictions = BertLMPredictionHead(shape)
 
 
+# The layers pass (hidden, inputs) on, so that every encoder layer sees the padding.
+def _embed(root: nn.Module, inputs: torch.Tensor):
+    return root.bert.embeddings(inputs[:, 0], inputs[:, 1]), inputs  # (B, T, C), (B, 2, T)
+
+
+def _encoder_layer(index: int, pad_token_id: int, root: nn.Module, x):
+    hidden, inputs = x
+    return root.get_submodule(f"bert.encoder.layer.{index}")(hidden, padding_mask(inputs, pad_token_id)), inputs
+
+
+def _transform(root: nn.Module, x) -> torch.Tensor:
+    return root.cls.predictions.transform(x[0])
+
+
+def _decode(root: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    return root.cls.predictions.decoder(hidden)  # (B, T, V): vocab-sharded under tensor parallelism
+
+
 class BertForMaskedLM(nn.Module):
     """`forward(inputs)` gives MLM logits (B, T, V); `forward(inputs, labels)` the mean loss
     over the positions whose label is not -100. `inputs` is (B, 2, T): ids and token types."""
@@ -209,21 +224,21 @@ class BertForMaskedLM(nn.Module):
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
         self.activation_checkpointing = False
 
-    def encode(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """HF's `BertForMaskedLM(input_ids, attention_mask, token_type_ids).logits`."""
-        x = self.bert.embeddings(input_ids, token_type_ids)
-        mask = attention_mask.bool()
-        for layer in self.bert.encoder.layer:
-            if self.activation_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(layer, x, mask, use_reentrant=False)
-            else:
-                x = layer(x, mask)
-        return self.cls.predictions.decoder(self.cls.predictions.transform(x))
+    def pipeline_layers(self) -> List[PipeLayer]:
+        """The forward in order: embeddings, encoder layers, the MLM head's transform, the
+        decoder (tied to the word embeddings: under pp the last stage holds its own copy)."""
+        tie = dict(tie="word_embeddings", tied_weight="bert.embeddings.word_embeddings.weight")
+        pad = self.shape.pad_token_id
+        return [PipeLayer(("bert.embeddings",), run=_embed, **tie),
+                *(PipeLayer((f"bert.encoder.layer.{i}",), run=functools.partial(_encoder_layer, i, pad),
+                            checkpointable=True) for i in range(self.shape.n_layer)),
+                PipeLayer(("cls.predictions.transform",), run=_transform),
+                PipeLayer(("bert.embeddings.word_embeddings", "cls.predictions.decoder"), run=_decode, **tie)]
 
     def forward(self, inputs: torch.Tensor, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         T = inputs.shape[-1]
         assert T <= self.shape.block_size, f"sequence length {T} > block_size {self.shape.block_size}"
-        logits = self.encode(inputs[:, 0], inputs[:, 1], padding_mask(inputs, self.shape.pad_token_id))
+        logits = run_layers(self, self.pipeline_layers(), inputs, activation_checkpointing=self.activation_checkpointing)
         if labels is None:
             return logits
         return masked_mean(self.loss_fn(logits, labels), labels)

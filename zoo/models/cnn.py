@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from zoo.models.stages import PipeLayer, run_layers
 
 # name: (block, blocks per stage, stage widths)
 CNN_SIZES = {
@@ -154,6 +156,10 @@ def classify(fc: nn.Linear, features: torch.Tensor) -> torch.Tensor:
     return fc(torch.flatten(F.adaptive_avg_pool2d(features, 1), 1))
 
 
+def _classify(root: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    return classify(root.fc, features)
+
+
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy, computed in float32 whatever the logits' dtype."""
     return F.cross_entropy(logits.float(), labels)
@@ -177,10 +183,11 @@ class ResNet(nn.Module):
             self.add_module(f"layer{s}", stage)
         self.fc = nn.Linear(shape.widths[-1] * shape.expansion, shape.num_classes)
 
+    def pipeline_layers(self) -> List[PipeLayer]:
+        """The forward in order: stem, every residual block, pooling and the classifier."""
+        return [PipeLayer(("stem",)), *(PipeLayer((f"layer{s}.{i}",)) for s, i, *_ in self.shape.blocks()),
+                PipeLayer(("fc",), run=_classify)]
+
     def forward(self, images: torch.Tensor, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = self.stem(images)
-        for s in range(1, len(self.shape.layers) + 1):
-            for block in getattr(self, f"layer{s}"):
-                x = block(x)
-        logits = classify(self.fc, x)  # (B, classes)
+        logits = run_layers(self, self.pipeline_layers(), images)  # (B, classes)
         return logits if labels is None else classification_loss(logits, labels)

@@ -4,17 +4,21 @@ The architecture is GPT-2's exactly (learned positions, pre-LayerNorm, tanh-GELU
 biases everywhere, input and output embeddings tied), with parameter names that mirror
 Hugging Face's `GPT2LMHeadModel` so that export and import are renames plus a transpose.
 Nothing here knows about parallelism: `zoo.parallel.plans` swaps layers for their
-tensor-parallel twins and `zoo.parallel.pipeline` cuts the block list into stages.
+tensor-parallel twins and `zoo.parallel.pipeline` cuts `pipeline_layers()`, the list the
+forward runs, into stages.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from zoo.models.losses import cross_entropy_per_token, masked_mean
+from zoo.models.stages import PipeLayer, run_layers
 
 # name: (n_layer, n_head, n_embd, block_size)
 GPT_SIZES = {
@@ -51,18 +55,6 @@ class GPTShape:
     @property
     def ffn_dim(self) -> int:
         return self.ffn_mult * self.n_embd
-
-
-def cross_entropy_per_token(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-token loss of full-vocabulary logits; -100 targets give 0."""
-    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none",
-                           ignore_index=-100).view_as(targets)
-
-
-def masked_mean(per_token: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean loss over the positions whose target is not -100."""
-    mask = (targets != -100).to(per_token.dtype)
-    return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 class CausalSelfAttention(nn.Module):
@@ -124,6 +116,10 @@ class Embeddings(nn.Module):
         return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
 
 
+def _logits(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return root.lm_head(x)  # (B, T, V): vocab-sharded under tensor parallelism
+
+
 class GPT(nn.Module):
     """GPT-2. `forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss."""
 
@@ -139,19 +135,19 @@ class GPT(nn.Module):
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
         self.activation_checkpointing = False
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
-        for block in self.h:
-            if self.activation_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        return self.ln_f(x)
+    def pipeline_layers(self) -> List[PipeLayer]:
+        """The forward in order: embeddings, blocks, final LayerNorm, the output head (tied
+        to the token embedding: under pp the last stage holds its own copy of it)."""
+        tie = dict(tie="wte", tied_weight="embed.wte.weight")
+        return [PipeLayer(("embed",), **tie),
+                *(PipeLayer((f"h.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
+                PipeLayer(("ln_f",)),
+                PipeLayer(("embed.wte", "lm_head"), run=_logits, **tie)]
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
         T = idx.shape[1]
         assert T <= self.shape.block_size, f"sequence length {T} > block_size {self.shape.block_size}"
-        logits = self.lm_head(self.hidden(idx))
+        logits = run_layers(self, self.pipeline_layers(), idx, activation_checkpointing=self.activation_checkpointing)
         if targets is None:
             return logits
         return masked_mean(self.loss_fn(logits, targets), targets)

@@ -8,9 +8,13 @@ target is `ignore_index` get loss 0 and zero gradient. The maths runs in float32
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 
+from zoo.models.losses import cross_entropy_per_token, masked_mean
 from zoo.parallel.mappings import group_rank, group_size
 
 
@@ -69,3 +73,14 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, tp_
         raise ValueError(f"vocab_parallel_cross_entropy: logits {tuple(logits.shape)} must be "
                          f"target {tuple(target.shape)} plus a vocab dimension")
     return _VocabParallelCrossEntropy.apply(logits, target, tp_group, ignore_index)
+
+
+class TokenLoss:
+    """Mean per-token loss of (possibly vocab-sharded) logits; -100 targets are ignored."""
+
+    def __init__(self, tp_group=None):
+        self.per_token: Callable = (functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
+                                    if tp_group is not None else cross_entropy_per_token)
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return masked_mean(self.per_token(logits, targets), targets)

@@ -1,7 +1,7 @@
 """Tensor-parallel plans as data, and the one function that applies them.
 
-A family's `TPPlan` (`TP_PLANS` by family) is a table of (module-name pattern, style), the
-parameters tied across the swap and, for GPT, what sequence parallelism touches. `column`
+A model family's `TPPlan` (its spec in `zoo.families` holds it) is a table of (module-name
+pattern, style), the parameters tied across the swap and what sequence parallelism touches. `column`
 splits a Linear's outputs, `column_qkv` splits a fused [q; k; v] projection so each rank
 holds whole heads, `row` splits a Linear's inputs and all-reduces its output, `vocab`
 splits an embedding's rows, and `head` is the output layer tied to the vocab-parallel
@@ -25,11 +25,6 @@ from zoo.parallel.mappings import reduce_from_tp_region, scatter_to_sequence_par
 
 Plan = Sequence[Tuple[str, str]]
 
-# Modules whose parameters are replicated but, with sequence parallelism, see only this
-# rank's share of the sequence: their gradients are summed over the tp group.
-GPT_SEQUENCE_PARALLEL_NORMS = ("h.*.ln_1", "h.*.ln_2", "ln_f")
-
-
 @dataclass(frozen=True)
 class TPPlan:
     """How one model family is split over a tensor-parallel group."""
@@ -44,40 +39,6 @@ class TPPlan:
     family has no sequence parallelism."""
     sequence_parallel_norms: Tuple[str, ...] = ()
     """Replicated modules that see a sequence shard under sequence parallelism."""
-
-
-GPT_TP_PLAN = TPPlan(
-    layers=(
-        ("embed.wte", "vocab"),
-        ("h.*.attn.c_attn", "column_qkv"),
-        ("h.*.attn.c_proj", "row"),
-        ("h.*.mlp.c_fc", "column"),
-        ("h.*.mlp.c_proj", "row"),
-        ("lm_head", "head"),
-    ),
-    ties=(("lm_head.weight", "embed.wte.weight"),),
-    embedding="embed",
-    sequence_parallel_norms=GPT_SEQUENCE_PARALLEL_NORMS,
-)
-
-# q, k and v are separate projections (HF's layout): split column-wise, each rank holds the
-# same whole heads of all three. The MLM decoder is the head tied to the vocab-parallel
-# word embeddings, its bias split with it; the head's transform stays replicated.
-BERT_TP_PLAN = TPPlan(
-    layers=(
-        ("bert.embeddings.word_embeddings", "vocab"),
-        ("bert.encoder.layer.*.attention.self.query", "column"),
-        ("bert.encoder.layer.*.attention.self.key", "column"),
-        ("bert.encoder.layer.*.attention.self.value", "column"),
-        ("bert.encoder.layer.*.attention.output.dense", "row"),
-        ("bert.encoder.layer.*.intermediate.dense", "column"),
-        ("bert.encoder.layer.*.output.dense", "row"),
-        ("cls.predictions.decoder", "head"),
-    ),
-    ties=(("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),),
-)
-
-TP_PLANS = {"gpt": GPT_TP_PLAN, "bert": BERT_TP_PLAN}
 
 
 def _replacement(module: nn.Module, style: str, tp_group, sequence_parallel: bool, device) -> nn.Module:
@@ -118,7 +79,7 @@ def tie_parameters(module: nn.Module, plan: TPPlan) -> None:
             setattr(module.get_submodule(owner), attr, tied_to)
 
 
-def apply_tp_plan(model: nn.Module, tp_group, *, plan: TPPlan = GPT_TP_PLAN,
+def apply_tp_plan(model: nn.Module, tp_group, *, plan: TPPlan,
                   sequence_parallel: bool = False, device: torch.device = torch.device("cpu"),
                   prefix: str = "") -> nn.Module:
     """Swap the plan's submodules of `model` (names relative to the full model via `prefix`)
@@ -140,8 +101,7 @@ def apply_tp_plan(model: nn.Module, tp_group, *, plan: TPPlan = GPT_TP_PLAN,
     return model
 
 
-def sum_sequence_parallel_norm_grads(model: nn.Module, tp_group, *, prefix: str = "",
-                                     norms: Sequence[str] = GPT_SEQUENCE_PARALLEL_NORMS) -> None:
+def sum_sequence_parallel_norm_grads(model: nn.Module, tp_group, *, norms: Sequence[str], prefix: str = "") -> None:
     """With sequence parallelism, sum the gradients of the norms' (replicated) parameters over
     the tp group. Call after the parameters are materialised: hooks live on the tensors."""
     for name, module in model.named_modules():

@@ -67,3 +67,21 @@ def unshard_tensors(shards: Sequence[torch.Tensor], dim: int, chunks: int = 1) -
         raise ValueError(f"unshard_tensors: shard size {size} along dim {dim} is not divisible by chunks {chunks}")
     per_rank = [s.chunk(chunks, dim=dim) for s in shards]  # [rank][chunk]
     return torch.cat([piece[c] for c in range(chunks) for piece in per_rank], dim=dim)
+
+
+def gather_full(t: torch.Tensor, spec: "ShardSpec | None", tp_group) -> torch.Tensor:
+    """The full tensor of which `t` is this rank's shard `spec` (collective over `tp_group`);
+    `t` itself when it is not sharded or there is no group."""
+    if spec is None or tp_group is None:
+        return t
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(tp_group))]
+    dist.all_gather(parts, t.contiguous(), group=tp_group)
+    return unshard_tensors(parts, spec.dim, spec.chunks)
+
+
+def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The part of the full tensor `full` that `param` (tagged `tp_shard` if sharded) holds."""
+    spec = getattr(param, "tp_shard", None)
+    return shard_tensor(full, spec) if spec is not None else full

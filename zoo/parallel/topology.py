@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Sequence
 
-from deepspeed.runtime.pipe.topology import ProcessTopology
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -30,11 +28,15 @@ class Layout:
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}_zero{self.zero_stage}"
 
 
-def build_topology(layout: Layout) -> ProcessTopology:
+def build_topology(layout: Layout):
+    """DeepSpeed's ProcessTopology of the layout (imported here: the layout itself, which
+    validation and the planner use, needs no DeepSpeed)."""
+    from deepspeed.runtime.pipe.topology import ProcessTopology
+
     return ProcessTopology(axes=["data", "pipe", "model"], dims=[layout.dp, layout.pp, layout.tp])
 
 
-def group_lists(topo: ProcessTopology) -> dict:
+def group_lists(topo) -> dict:
     """Global ranks of every TP, PP and DP group."""
     return {"TP": topo.get_axis_comm_lists("model"), "PP": topo.get_axis_comm_lists("pipe"),
             "DP": topo.get_axis_comm_lists("data")}

@@ -10,7 +10,7 @@ Python API:
     predict_fit(model_cfg, layout, micro_batch, dtype, device_mem_bytes) -> (fits, mem)
     fit_warning(cfg, layout, device_mem_bytes) -> str | None    the start-of-training warning
 """
-from zoo.plan.families import FAMILIES, Activations, ModelDesc, ParamCount, Piece, describe_model
+from zoo.plan.families import Activations, ModelDesc, ParamCount, Piece, describe_model
 from zoo.plan.fit import device_memory_bytes, fit_warning, predict_fit
 from zoo.plan.layout import PlanLayout
 from zoo.plan.memory import MemoryEstimate, layout_memory, model_state_bytes
@@ -18,7 +18,7 @@ from zoo.plan.schema import ClusterConfig, PlanConfig, PlanRunConfig
 from zoo.plan.search import Candidate, Plan, enumerate_layouts, estimate, make_plan, recommend
 from zoo.plan.step_time import StepTime, step_time
 
-__all__ = ["FAMILIES", "Activations", "Candidate", "ClusterConfig", "MemoryEstimate", "ModelDesc", "ParamCount",
+__all__ = ["Activations", "Candidate", "ClusterConfig", "MemoryEstimate", "ModelDesc", "ParamCount",
            "Piece", "Plan", "PlanConfig", "PlanLayout", "PlanRunConfig", "StepTime", "describe_model",
            "device_memory_bytes", "enumerate_layouts", "estimate", "fit_warning", "layout_memory", "make_plan",
            "model_state_bytes", "predict_fit", "recommend", "step_time"]

@@ -1,7 +1,7 @@
 """What the planner needs to know about a model, and one function per family that says it.
 
-A family plugs in with one function `describe_<family>(model_cfg, vocab_size) -> ModelDesc`
-registered in `FAMILIES`. The description is plain numbers: for the input end, each layer
+A family plugs in with one function `(model_cfg, vocab_size) -> ModelDesc`, its spec's
+`planner` (`zoo.families`; GPT's is in `zoo/families/gpt/plan.py`). The description is plain numbers: for the input end, each layer
 in order and the output end, its parameters (split into what tensor parallelism shards and
 what it replicates), the activations backward needs per token (split by how tp and sequence
 parallelism divide them), its forward FLOPs per token and its tensor-parallel all-reduces;
@@ -11,7 +11,7 @@ are computed from these alone, so nothing else changes when a family is added.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Dict, Tuple
 
 from zoo.config.schema import ModelConfig
 
@@ -123,57 +123,15 @@ def gpt_layer_activations(h: int, n_head: int, seq: int, ffn: int, *, dropout: b
                        sp_bytes=2 * h if dropout else 0)
 
 
-def describe_gpt(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
-    """zoo's GPT (`zoo.models.gpt`): pre-LN blocks, tied embeddings, learned positions.
-
-    Its attention is `F.scaled_dot_product_attention`, whose fused kernels keep only the
-    output and a log-sum-exp, never the a*s scores per token, so `stores_attention_scores`
-    is False here (Korthikanti's 5as/h term is Megatron's unfused softmax).
-    """
-    from zoo.models import model_dims, padded_vocab
-
-    vocab = padded_vocab(vocab_size, cfg)
-    d = model_dims(cfg, vocab)
-    h, f, s, a, v = d.n_embd, d.ffn_dim, d.block_size, d.n_head, d.vocab_size
-    dropout = d.dropout > 0
-    # c_attn (h -> 3h) and c_fc (h -> f) are column-parallel with their biases; c_proj of
-    # attention and MLP are row-parallel, their biases and both LayerNorms replicated.
-    layer_params = ParamCount(sharded=3 * h * h + 3 * h + h * h + h * f + f + f * h,
-                              replicated=h + h + 4 * h)
-    matmul_params = 3 * h * h + h * h + 2 * h * f
-    layer = Piece(params=layer_params,
-                  activations=gpt_layer_activations(h, a, s, f, dropout=dropout, stores_attention_scores=False),
-                  checkpoint=Activations(sp_elems=h),
-                  fwd_flops_per_token=2 * matmul_params + 4 * h * s,  # + QK^T and AV: 2*s*h each
-                  # after attention's and the MLP's row-parallel c_proj in forward, before their
-                  # column-parallel inputs in backward
-                  tp_allreduce_elems_per_token=4 * h)
-    embedding = Piece(params=ParamCount(sharded=v * h, replicated=s * h),
-                      activations=Activations(sp_bytes=h if dropout else 0),
-                      checkpoint=Activations(sp_bytes=h if dropout else 0), fwd_flops_per_token=0,
-                      tp_allreduce_elems_per_token=h)  # the vocab-parallel lookup's sum (forward)
-    # ln_f (lm_head is wte). Kept: ln_f and lm_head inputs (h each), the logits (V/tp in the
-    # dtype) and the loss's float32 softmax over them (V/tp * 4 bytes, Korthikanti's 4sbv/t).
-    head = Piece(params=ParamCount(replicated=2 * h),
-                 activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
-                 checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
-                 fwd_flops_per_token=2 * v * h,
-                 tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward); the loss's are scalars
-    vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
-    overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
-                          if getattr(cfg, k) is not None)
-    return ModelDesc(name=f"gpt {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
-                     layers=(layer,) * d.n_layer, head=head, head_ties_embedding=True, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h),
-                     tp_divides={"model.n_head": a, "the FFN width": f,
-                                 vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})
-
-
-FAMILIES: Dict[str, Callable[[ModelConfig, int], ModelDesc]] = {"gpt": describe_gpt}
-
-
 def describe_model(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
-    """The planner's description of `cfg`; `vocab_size` is the tokenizer's, for families that have one."""
-    if cfg.family not in FAMILIES:
-        raise ValueError(f"model.family={cfg.family!r} has no planner description; the planner knows "
-                         f"{sorted(FAMILIES)} (add a describe_<family> function to zoo.plan.families.FAMILIES)")
-    return FAMILIES[cfg.family](cfg, vocab_size)
+    """The planner's description of `cfg` (its family's `FamilySpec.planner`); `vocab_size`
+    is the tokenizer's, for families that have one."""
+    from zoo.errors import ConfigError
+    from zoo.families import FAMILIES, family
+
+    spec = family(cfg.family)
+    if spec.planner is None:
+        planned = sorted(name for name, s in FAMILIES.items() if s.planner is not None)
+        raise ConfigError(f"model.family={cfg.family!r} has no planner description; the planner knows {planned} "
+                          f"(a family plugs in with FamilySpec.planner)")
+    return spec.planner(cfg, vocab_size)

@@ -53,7 +53,7 @@ def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_s
         micro, accum = micro_batching(cfg, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
     model = cfg.model
     if model.init_from:  # the imported model's dimensions (validation has read its config.json)
-        from zoo.hf import hf_meta
+        from zoo.checkpoint.hf import hf_meta
 
         _, meta = hf_meta(model.init_from)
         model, vocab_size = dataclasses.replace(model, **meta), meta["vocab_size"]

@@ -60,7 +60,7 @@ def console_line(r: Dict[str, Any]) -> str:
 class RunLog:
     def __init__(self, run_dir: Path, *, active: bool, total_steps: int, progress: bool, start_step: int = 0,
                  tracker=None):
-        from zoo.tracking import NullTracker
+        from zoo.observe.tracking import NullTracker
 
         self.run_dir = Path(run_dir)
         self.active = active

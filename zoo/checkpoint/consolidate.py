@@ -13,7 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from zoo.parallel.sharding import unshard_tensors
+from zoo.errors import CheckpointError
+from zoo.parallel.names import plain_name
+from zoo.parallel.sharding import gather_full, local_shard
 
 
 def _zero3_gathered(params):
@@ -33,13 +35,7 @@ def full_parameters(module: nn.Module, tp_group=None, prefix: str = "") -> Dict[
     out: Dict[str, torch.Tensor] = {}
     with _zero3_gathered([p for _, p in named]):
         for name, p in named:
-            t = p.detach()
-            spec = getattr(p, "tp_shard", None)
-            if spec is not None and tp_group is not None:
-                parts = [torch.empty_like(t) for _ in range(dist.get_world_size(tp_group))]
-                dist.all_gather(parts, t.contiguous(), group=tp_group)
-                t = unshard_tensors(parts, spec.dim, spec.chunks)
-            out[name] = t.float().cpu().clone()
+            out[name] = gather_full(p.detach(), getattr(p, "tp_shard", None), tp_group).float().cpu().clone()
     persistent = {n for n, _ in module.named_buffers(prefix=prefix.rstrip("."))}
     for name, b in module.state_dict(prefix=prefix).items():
         if name in persistent and name not in out:  # buffers (e.g. BatchNorm running statistics)
@@ -53,7 +49,6 @@ def consolidated_state_dict(module: nn.Module, grid) -> Dict[str, torch.Tensor]:
     Collective over all ranks. Pipeline stages send their pieces (renamed to the plain
     model's names) to rank 0; the tied embedding held by the first and last stage is the
     same tensor on both."""
-    from zoo.parallel.pipeline import plain_name
     from zoo.parallel.topology import tp_group
 
     local = {plain_name(n): t for n, t in full_parameters(module, tp_group(grid)).items()}
@@ -75,15 +70,10 @@ def assign_full_weights(module: nn.Module, state: Dict[str, torch.Tensor]) -> No
     """Copy full (plain-model) tensors into `module`'s parameters and buffers, slicing each
     tensor-parallel shard; names may carry pipeline prefixes. The inverse of
     `full_parameters`; call before the engine is created."""
-    from zoo.parallel.pipeline import plain_name
-    from zoo.parallel.sharding import shard_tensor
-
     for name, t in list(module.named_parameters()) + list(module.named_buffers()):
         key = plain_name(name)
         if key not in state:
             if t.dtype.is_floating_point and "running_" not in key:
-                raise ValueError(f"the weights have no tensor {key!r} for this model")
+                raise CheckpointError(f"the weights have no tensor {key!r} for this model")
             continue
-        full = state[key]
-        spec = getattr(t, "tp_shard", None)
-        t.copy_(shard_tensor(full, spec) if spec is not None else full)
+        t.copy_(local_shard(state[key], t))

@@ -1,5 +1,6 @@
-"""What a model family plugs into the trainer: its data, its model (plain or pipelined, for
-this rank), its batches and its family-specific end-of-run metrics.
+"""What a model family's task plugs into the trainer (the rest of a family is its
+`FamilySpec`, zoo.families.spec): its data, its model (plain or pipelined, for this rank),
+its batches and its family-specific end-of-run metrics.
 
 The trainer owns the loop, the engine, logging and checkpoints; a task owns everything
 that differs between a GPT, a BERT and a CNN. Batches are addressed by a layout-free data
@@ -16,7 +17,7 @@ import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream, micro_batch_start
 from zoo.config.schema import Config
-from zoo.parallel.topology import Layout
+from zoo.parallel.topology import Layout, tp_group
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
@@ -26,9 +27,11 @@ class Task:
 
     family = ""
 
-    def __init__(self, cfg: Config, device: torch.device):
-        self.cfg, self.device = cfg, device
+    def __init__(self, cfg: Config, device: torch.device, layout: Layout):
+        self.cfg, self.device, self.layout = cfg, device, layout
         self.stream: SampleStream | None = None
+        self.shape = None  # the model's resolved dimensions: set by prepare()
+        self.init_state = None  # full weights to start from (model.init_from): set by prepare()
 
     # -- set up ---------------------------------------------------------------------------
     def prepare(self, run_dir: Path, rank: int) -> None:
@@ -36,16 +39,34 @@ class Task:
         directory needs (e.g. the tokenizer). Sets `self.stream` over the train samples."""
         raise NotImplementedError
 
-    def build_model(self, layout: Layout, grid) -> nn.Module:
+    def build_options(self, grid) -> dict:
+        """How this rank builds its model (zoo.build.build): the groups and options it needs."""
+        cfg = self.cfg
+        return dict(seed=cfg.trainer.seed, device=self.device, tp_group=tp_group(grid),
+                    sequence_parallel=cfg.parallel.sequence_parallel, partition_method=cfg.parallel.partition_method,
+                    activation_checkpointing=cfg.model.activation_checkpointing)
+
+    def build_model(self, grid) -> nn.Module:
         """This rank's model: plain and tensor-parallel, or this stage's PipelineModule."""
-        raise NotImplementedError
+        from zoo.build import build
+
+        model = build(self.shape, self.layout, **self.build_options(grid))
+        if self.init_state is not None:
+            from zoo.checkpoint.consolidate import assign_full_weights
+
+            assign_full_weights(model, self.init_state)
+        return model
 
     def plain_model(self) -> nn.Module:
         """The single-device model (CPU), for loading consolidated weights."""
-        raise NotImplementedError
+        from zoo.families import family_of_shape
+
+        return family_of_shape(self.shape).model(self.shape)
 
     def num_params(self) -> int:
-        raise NotImplementedError
+        from zoo.build import count_parameters
+
+        return count_parameters(self.shape)
 
     def model_meta(self) -> dict:
         """What a checkpoint must match to load into this model (family dimensions)."""
@@ -65,6 +86,10 @@ class Task:
     def tokens_per_sample(self) -> int:
         """Tokens (or pixels' worth of samples: 1) one sample counts for throughput."""
         return 1
+
+    def padding_efficiency(self) -> float:
+        """Real tokens / padded slots over the run's training batches (fixed-size samples: 1)."""
+        return 1.0
 
     def micro_batch(self, consumed: int, micro: int, *, micro_batch: int, global_batch: int,
                     dp_rank: int, dp_size: int) -> Batch:

@@ -31,23 +31,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from zoo import native_checkpoint
-from zoo.parallel.pipeline import plain_name
-from zoo.parallel.sharding import shard_tensor, unshard_tensors
+from zoo.checkpoint import native as native_checkpoint
+from zoo.errors import CheckpointError
+from zoo.parallel.names import plain_name
+from zoo.parallel.sharding import gather_full, local_shard
 from zoo.parallel.topology import tp_group
 
 FORMAT = "zoo-checkpoint-1"
 ADAM_KEYS = ("exp_avg", "exp_avg_sq")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used for this run; the message names the mismatch.
-    rank_local: found in this rank's own files (other ranks may not have seen it), so the
-    rank that found it reports it."""
-
-    def __init__(self, message: str, *, rank_local: bool = False):
-        super().__init__(message)
-        self.rank_local = rank_local
 
 
 def _base_optimizer(engine):
@@ -100,13 +91,7 @@ def _local_full(engine, p: nn.Parameter, key: Optional[str]) -> torch.Tensor:
 
 
 def _full(engine, p: nn.Parameter, key: Optional[str], group) -> torch.Tensor:
-    t = _local_full(engine, p, key).float().contiguous()
-    spec = getattr(p, "tp_shard", None)
-    if spec is not None and group is not None:
-        parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, t, group=group)
-        t = unshard_tensors(parts, spec.dim, spec.chunks)
-    return t.cpu()
+    return gather_full(_local_full(engine, p, key).float(), getattr(p, "tp_shard", None), group).cpu()
 
 
 def _optimizer_step(engine) -> int:
@@ -229,11 +214,6 @@ class _Tensors:
         return self.where[key].get_tensor(key)
 
 
-def _shard(full: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
-    spec = getattr(p, "tp_shard", None)
-    return shard_tensor(full, spec) if spec is not None else full
-
-
 def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = None) -> str:
     """Restore weights, optimizer, LR schedule, loss scale and RNG from `path` (whose
     state.json is `state`, from read_state) into this rank's engine, whatever layout wrote
@@ -276,8 +256,8 @@ def _load_layout_free(engine, path: Path, state: dict) -> None:
     device = next(engine.module.parameters()).device
     for pname, p in _unique_params(engine.module):
         plain = plain_name(pname)
-        w = _shard(weights.get(plain), p).to(device)
-        moments = {k: _shard(optim.get(f"{k}.{plain}"), p).to(device) for k in ADAM_KEYS}
+        w = local_shard(weights.get(plain), p).to(device)
+        moments = {k: local_shard(optim.get(f"{k}.{plain}"), p).to(device) for k in ADAM_KEYS}
         if hasattr(p, "ds_id"):  # ZeRO-3: the fp32 partitions, then the model's partitions
             safe_set_full_fp32_param(p, w)
             for k, v in moments.items():

@@ -9,12 +9,11 @@ import torch
 import torch.nn as nn
 
 from data_pipelines.schedule import micro_batch_start
-from zoo.build import build_model, count_parameters
 from zoo.engine import micro_batching
-from zoo.models import model_dims, padded_vocab
-from zoo.models.bert import BertForMaskedLM, BertShape
-from zoo.parallel.topology import Layout, tp_group
-from zoo.tasks.base import Batch, Task
+from zoo.errors import ConfigError
+from zoo.families.task import Batch, Task
+from zoo.families.transformer import padded_vocab, shape_from_config
+from zoo.models.bert import BertShape, bert_shape
 
 
 class BertTask(Task):
@@ -32,7 +31,7 @@ class BertTask(Task):
         source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
         self.init_state, meta, tok_dir = None, None, cfg.data.tokenizer
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
-            from zoo.hf import read_hf
+            from zoo.checkpoint.hf import read_hf
 
             meta, self.init_state = read_hf(cfg.model.init_from, "bert")
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
@@ -42,9 +41,9 @@ class BertTask(Task):
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         missing = [k for k in ("mask_token", "pad_token", "cls_token", "sep_token") if getattr(self.tokenizer, k) is None]
         if missing:
-            raise ValueError(f"data.tokenizer={tok_dir!r} has no {', '.join(missing)}; masked-LM training needs "
+            raise ConfigError(f"data.tokenizer={tok_dir!r} has no {', '.join(missing)}; masked-LM training needs "
                              f"BERT's special tokens (leave data.tokenizer null to train a WordPiece one)")
-        block = meta["block_size"] if meta else model_dims(cfg.model, None).block_size
+        block = meta["block_size"] if meta else shape_from_config(bert_shape, cfg.model).block_size
         entry = prepare_mlm_samples(docs, tok_dir, block_size=block,
                                     eval_fraction=cfg.data.eval_fraction, source_key=source_key,
                                     cache_dir=cfg.data.cache_dir)
@@ -52,41 +51,21 @@ class BertTask(Task):
             save_tokenizer(tok_dir, run_dir / "tokenizer")
         self.samples = load_mlm_samples(entry)
         self.shape = (BertShape(**meta, dropout=cfg.model.dropout, pad_token_id=self.tokenizer.pad_token_id) if meta
-                      else model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model),
-                                      pad_token_id=self.tokenizer.pad_token_id))
+                      else shape_from_config(bert_shape, cfg.model, padded_vocab(len(self.tokenizer), cfg.model),
+                                             pad_token_id=self.tokenizer.pad_token_id))
         self.batches = MLMBatches(self.samples, self.tokenizer, seed=cfg.trainer.seed,
                                   mlm_probability=cfg.data.mlm_probability)
         self.train_lengths = self.samples.lengths[self.samples.train]
         self.stream = BucketedStream(self.train_lengths, global_batch=cfg.trainer.global_batch_size,
                                      seed=cfg.trainer.seed)
+        layout = self.layout
+        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
 
-    def build_model(self, layout: Layout, grid) -> nn.Module:
-        cfg = self.cfg
-        self.layout = layout
+    def build_options(self, grid) -> dict:
         # Batches are padded to their longest sample, except under pp x tp: DeepSpeed's
         # pipeline then splits the activations it sends over the tp group and keeps the shape
         # of the first micro-batch's for every later one, so every batch is padded to the block.
-        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
-        build = dict(seed=cfg.trainer.seed, device=self.device, tp_group=tp_group(grid))
-        if layout.pp > 1:
-            from zoo.parallel.pipeline import bert_pipeline
-
-            model = bert_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
-                                  activation_checkpointing=cfg.model.activation_checkpointing,
-                                  dynamic_shape=self.pad_to is None, **build)
-        else:
-            model = build_model(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
-        if self.init_state is not None:
-            from zoo.consolidate import assign_full_weights
-
-            assign_full_weights(model, self.init_state)
-        return model
-
-    def plain_model(self) -> nn.Module:
-        return BertForMaskedLM(self.shape)
-
-    def num_params(self) -> int:
-        return count_parameters(self.shape)
+        return {**super().build_options(grid), "dynamic_shape": self.pad_to is None}
 
     def model_meta(self) -> dict:
         s = self.shape

@@ -12,11 +12,9 @@ import torch
 import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
-from zoo.build import build_gpt, count_parameters
-from zoo.models import model_dims, padded_vocab
-from zoo.models.gpt import GPT, GPTShape
-from zoo.parallel.topology import Layout, tp_group
-from zoo.tasks.base import Batch, Task
+from zoo.families.task import Batch, Task
+from zoo.families.transformer import padded_vocab, shape_from_config
+from zoo.models.gpt import GPTShape, gpt_shape
 
 PROMPT = "The for statement"
 
@@ -40,7 +38,7 @@ class GPTTask(Task):
         cfg, path = self.cfg, Path(self.cfg.data.path)
         self.init_state = None
         self.tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
-        self.shape = model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
+        self.shape = shape_from_config(gpt_shape, cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
         self.blocks = PreparedBlocks(path, self.shape.block_size, cfg.data.eval_fraction)
         self.data_counts = dict(self.blocks.meta.get("skipped", {}))
         if rank == 0 and not (run_dir / "tokenizer").exists():
@@ -59,13 +57,13 @@ class GPTTask(Task):
         self.init_state, meta = None, None
         tok_dir = cfg.data.tokenizer
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
-            from zoo.hf import read_hf
+            from zoo.checkpoint.hf import read_hf
 
             meta, self.init_state = read_hf(cfg.model.init_from, "gpt")
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
-        block = meta["block_size"] if meta is not None else model_dims(cfg.model, None).block_size
+        block = meta["block_size"] if meta is not None else shape_from_config(gpt_shape, cfg.model).block_size
         entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
                                       source_key=source_key, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
         if rank == 0 and not (run_dir / "tokenizer").exists():
@@ -76,35 +74,12 @@ class GPTTask(Task):
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.blocks = load_packed_blocks(entry)
         self.shape = (GPTShape(**meta, dropout=cfg.model.dropout) if meta is not None
-                      else model_dims(cfg.model, padded_vocab(len(self.tokenizer), cfg.model)))
-
-    def build_model(self, layout: Layout, grid) -> nn.Module:
-        cfg = self.cfg
-        build = dict(seed=cfg.trainer.seed, device=self.device, tp_group=tp_group(grid),
-                     sequence_parallel=cfg.parallel.sequence_parallel)
-        if layout.pp > 1:
-            from zoo.parallel.pipeline import gpt_pipeline
-
-            model = gpt_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method,
-                                 activation_checkpointing=cfg.model.activation_checkpointing, **build)
-        else:
-            model = build_gpt(self.shape, activation_checkpointing=cfg.model.activation_checkpointing, **build)
-        if self.init_state is not None:
-            from zoo.consolidate import assign_full_weights
-
-            assign_full_weights(model, self.init_state)
-        return model
+                      else shape_from_config(gpt_shape, cfg.model, padded_vocab(len(self.tokenizer), cfg.model)))
 
     def model_meta(self) -> dict:
         s = self.shape
         return {"n_layer": s.n_layer, "n_head": s.n_head, "n_embd": s.n_embd, "block_size": s.block_size,
                 "vocab_size": s.vocab_size, "ffn_mult": s.ffn_mult}
-
-    def plain_model(self) -> nn.Module:
-        return GPT(self.shape)
-
-    def num_params(self) -> int:
-        return count_parameters(self.shape)
 
     def final_metrics_need_weights(self) -> bool:
         return self.cfg.trainer.sample_tokens > 0  # perplexities come from the losses alone

@@ -10,11 +10,9 @@ import torch
 import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
-from zoo.build import build_model, count_parameters
 from zoo.engine import micro_batching
-from zoo.models.cnn import ResNet, cnn_shape
-from zoo.parallel.topology import Layout
-from zoo.tasks.base import Batch, Task
+from zoo.families.task import Batch, Task
+from zoo.models.cnn import cnn_shape
 
 
 def load_images(data):
@@ -41,23 +39,12 @@ class CNNTask(Task):
         if rank == 0:
             (run_dir / "classes.json").write_text(json.dumps(d.classes) + "\n")
 
-    def build_model(self, layout: Layout, grid) -> nn.Module:
+    def build_options(self, grid) -> dict:
+        # No tensor parallelism; BatchNorm statistics are synchronised over the data-parallel replicas.
         cfg = self.cfg
-        self.layout = layout
-        # BatchNorm statistics are synchronised over the data-parallel replicas.
-        build = dict(seed=cfg.trainer.seed, device=self.device,
-                     dp_group=grid.get_data_parallel_group() if layout.dp > 1 else None)
-        if layout.pp > 1:
-            from zoo.parallel.pipeline import cnn_pipeline
-
-            return cnn_pipeline(self.shape, layout, partition_method=cfg.parallel.partition_method, **build)
-        return build_model(self.shape, **build)
-
-    def plain_model(self) -> nn.Module:
-        return ResNet(self.shape)
-
-    def num_params(self) -> int:
-        return count_parameters(self.shape)
+        return dict(seed=cfg.trainer.seed, device=self.device, partition_method=cfg.parallel.partition_method,
+                    activation_checkpointing=False,
+                    dp_group=grid.get_data_parallel_group() if self.layout.dp > 1 else None)
 
     def model_meta(self) -> dict:
         s = self.shape

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 TAG = "native"
+PIPELINE_FORMAT = 2  # the pipeline's layer list: each model's pipeline_layers() (zoo.models.stages)
 
 
 def enabled(cfg, layout) -> bool:
@@ -37,10 +38,15 @@ def enabled(cfg, layout) -> bool:
 
 
 def layout_key(layout, cfg) -> dict:
-    """What must match for one rank's native shard to be this rank's shard."""
-    return {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage,
-            "precision": cfg.precision.dtype, "sequence_parallel": cfg.parallel.sequence_parallel,
-            "partition_method": cfg.parallel.partition_method if layout.pp > 1 else None}
+    """What must match for one rank's native shard to be this rank's shard. Under pp the
+    files are per pipeline layer, so the layer list's format is part of it (checkpoints of
+    an older list are read from the layout-free files)."""
+    key = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage,
+           "precision": cfg.precision.dtype, "sequence_parallel": cfg.parallel.sequence_parallel,
+           "partition_method": cfg.parallel.partition_method if layout.pp > 1 else None}
+    if layout.pp > 1:
+        key["pipeline_format"] = PIPELINE_FORMAT
+    return key
 
 
 def save(engine, directory: Path) -> None:
@@ -60,7 +66,7 @@ def _safe_globals() -> list:
 
     found = [fragment_address, ZeroStageEnum]
     try:  # the loss scaler's state in fp16/bf16 checkpoints, where this DeepSpeed has it
-        from deepspeed.runtime.fp16.loss_scaler import LossScaler, DynamicLossScaler
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
         found += [LossScaler, DynamicLossScaler]
     except ImportError:
         pass

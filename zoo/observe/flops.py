@@ -38,21 +38,20 @@ def forward_flops(model: torch.nn.Module, sample: torch.Tensor) -> float:
 
 def model_flops_per_sample(task) -> tuple[Optional[float], str]:
     """(training FLOPs, forward + backward, of one sample; how they were counted), as the
-    task says or by family."""
-    if hasattr(task, "flops_per_sample"):
-        return task.flops_per_sample(), "the task's flops_per_sample()"
-    if task.family in ("gpt", "bert"):
-        shape, tokens = task.shape, task.tokens_per_sample()
-        return (tokens * transformer_flops_per_token(task.num_params(), shape.n_layer, shape.n_embd,
-                                                     shape.block_size, tokens), "6N + 12*L*H*Q*T")
-    if task.family == "cnn":
-        import numpy as np
+    task's family counts them (`FamilySpec.flops_per_sample`)."""
+    from zoo.families import family
 
-        x, _ = task.collate("train", np.zeros(1, dtype=np.int64))
-        with torch.device("meta"):
-            model = task.plain_model()
-        return 3 * forward_flops(model, x.to("meta")), "3 x one forward pass, counted"
-    return None, "unknown for this family"
+    return family(task.cfg.model.family).flops_per_sample(task)
+
+
+def counted_flops_per_sample(task) -> tuple[Optional[float], str]:
+    """3 x one forward pass of the plain model over one training sample, counted on the meta device."""
+    import numpy as np
+
+    x, _ = task.collate("train", np.zeros(1, dtype=np.int64))
+    with torch.device("meta"):
+        model = task.plain_model()
+    return 3 * forward_flops(model, x.to("meta")), "3 x one forward pass, counted"
 
 
 def measured_matmul_flops(dtype: torch.dtype) -> float:

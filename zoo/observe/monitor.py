@@ -5,13 +5,12 @@ Readings (metrics.jsonl keys): loss, lr, grad_norm, loss_scale (fp16), tokens_pe
 samples_per_s, step_time_s, mfu, peak_mem_bytes, peak_mem_share, gpu_util (CUDA with NVML),
 comm_share, data_wait_share, padding_efficiency, diagnosis.
 
-- MFU = model FLOPs per second per device / the device's peak (zoo/flops.py). Model FLOPs per token of a
+- MFU = model FLOPs per second per device / the device's peak (zoo/observe/flops.py). Model FLOPs per token of a
   transformer (PaLM appendix B, nanoGPT's estimate_mfu): 6N + 12*L*H*Q*T, N the parameters
   without the position table, L layers, H heads of size Q, T the tokens attended; of a CNN:
-  3x one forward pass counted by torch's FlopCounterMode. A task may define
-  `flops_per_sample()` instead. Peaks: the table below for CUDA (dense, no sparsity); on CPU a
+  3x one forward pass counted by torch's FlopCounterMode (each family's spec says which). Peaks: the table below for CUDA (dense, no sparsity); on CPU a
   matmul timed once at start with this rank's threads.
-- comm_share (zoo/comm_timer.py): wall time inside torch.distributed calls (DeepSpeed's included: deepspeed.comm
+- comm_share (zoo/observe/comm_timer.py): wall time inside torch.distributed calls (DeepSpeed's included: deepspeed.comm
   calls torch.distributed) and waiting on their handles, over the window's wall time; mean
   over ranks. On CUDA, timed with events on the issuing stream, overlapping calls merged: a
   collective overlapped with compute counts too.
@@ -30,9 +29,9 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from zoo.comm_timer import CommTimer
-from zoo.flops import device_peak_flops, model_flops_per_sample
-from zoo.metrics import peak_memory_bytes
+from zoo.observe.comm_timer import CommTimer
+from zoo.observe.flops import device_peak_flops, model_flops_per_sample
+from zoo.observe.metrics import peak_memory_bytes
 
 # (reading, threshold, above?, what is likely wrong and what to try)
 THRESHOLDS = [
@@ -159,8 +158,7 @@ class Monitor:
                                              else (None, ""))
         self.device_memory = device_memory_bytes(device)
         # Real tokens / padded slots of the run's batches, as the task says; fixed-size samples: 1.
-        self.padding_efficiency = (task.padding_efficiency() if rank == 0 and hasattr(task, "padding_efficiency")
-                                   else 1.0)
+        self.padding_efficiency = task.padding_efficiency() if rank == 0 else 1.0
         self.comm = CommTimer(device)
         self.comm.install()
         self.gpu = GpuUtilization(device)

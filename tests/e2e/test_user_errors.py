@@ -1,0 +1,64 @@
+"""Every user-facing error (a `ZooError`) found on the ranks, under one or two local ranks,
+ends the run with one `zoo: error:` line, exit 2 and no traceback."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.max_steps=1", "logger=none"]
+
+
+def _empty_jsonl(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    return ["data=files", f"data.path={tmp_path / 'empty.jsonl'}"]
+
+
+def _no_text_column(tmp_path):
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": f"document {i} " * 50}) + "\n" for i in range(20)))
+    return ["data=files", f"data.path={tmp_path / 'docs.jsonl'}"]
+
+
+def _missing_resume(tmp_path):
+    return [f"resume={tmp_path / 'no-such-checkpoint'}"]
+
+
+def _init_from_without_safetensors(tmp_path):
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64,
+                                               "n_positions": 64, "vocab_size": 4096}))
+    (d / "pytorch_model.bin").write_bytes(b"not read")
+    return [f"model.init_from={d}"]
+
+
+def _bert_with_a_gpt_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), eos_token="<|endoftext|>")
+    tok.add_tokens([f"t{i}" for i in range(50)])
+    tok.save_pretrained(str(tmp_path / "tok"))
+    return ["model=bert", f"data.tokenizer={tmp_path / 'tok'}"]
+
+
+CASES = {
+    "empty data file": (_empty_jsonl, "data.path"),
+    "no text column": (_no_text_column, "text"),
+    "missing resume path": (_missing_resume, "resume="),
+    "init_from without safetensors": (_init_from_without_safetensors, "safetensors"),
+    "bert tokenizer without special tokens": (_bert_with_a_gpt_tokenizer, "mask_token"),
+}
+
+
+# Every case on one rank; one data and one checkpoint case on two (where only rank 0 reports).
+@pytest.mark.parametrize("case, ranks", [*((c, 1) for c in CASES), ("empty data file", 2), ("missing resume path", 2)])
+def test_one_line_exit_2_no_traceback(run_zoo, tmp_path, case, ranks):
+    make, needle = CASES[case]
+    run = run_zoo(*FAST, *make(tmp_path), *(["parallel=zero1"] if ranks == 2 else []), check=False)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("zoo: error:")]
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert len(errors) == 1 and needle in errors[0], run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "Traceback" not in run.stdout

@@ -1,0 +1,74 @@
+"""What a model family must provide: one `FamilySpec`, registered in `zoo.families`.
+
+The trainer, validation, the planner, the monitor and export ask the spec and never the
+family's name. A spec holds the family's plain model and how its dimensions come from the
+config, its initialisation, tensor-parallel plan and pipeline loss, its task (data,
+batches, metrics), its part of validation, its Hugging Face converter and what the planner
+needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class HFConverter:
+    """The family's Hugging Face transformers counterpart."""
+
+    model_types: Tuple[str, ...]
+    """config.json `model_type` values this family imports (`gpt2`)."""
+    loads_as: str
+    """The transformers class an export loads with (`GPT2LMHeadModel`)."""
+    meta_from_config: Callable[[dict], dict]
+    """A transformers config.json -> the family's shape fields."""
+    to_hf: Callable[..., Tuple[Any, dict]]
+    """(plain state, shape fields, eos_token_id=, pad_token_id=) -> (transformers config, HF state)."""
+    from_hf: Callable[[Path], Tuple[dict, dict]]
+    """A transformers directory -> (shape fields, plain state)."""
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything one model family owns."""
+
+    name: str
+    """`model.family`."""
+    model: type
+    """The plain single-device `nn.Module`, built from a shape; it lists its layers for the
+    pipeline (`pipeline_layers()`, see `zoo.models.stages`)."""
+    shape_type: type
+    """The dataclass of its resolved dimensions (one per family: the registry's key by shape)."""
+    shape: Optional[Callable[..., Any]]
+    """(model config, vocab_size or None, pad_token_id=0) -> its shape from the config alone;
+    None where the shape depends on the data (the CNN's on the images)."""
+    task: type
+    """Its `zoo.families.task.Task` subclass: data, batches, model for the layout, metrics."""
+    init_std: Callable[[Any, Any], Callable[[str], Optional[float]]]
+    """(shape, meta module) -> (full parameter name -> normal std, or None for zeros/ones)."""
+    check: Callable[[Any, Any, List[str]], Tuple[int, str]]
+    """The family's part of validation: (cfg, layout, warnings) -> (layers pipeline stages
+    split, how to name them); raises ConfigError."""
+    data_sources: Tuple[str, ...]
+    """`data.name` values it reads; the first is its default."""
+    reads: str
+    """What its data is (`text`, `images`), for the message when data.name does not fit."""
+    pipeline_loss: Callable[[Any], Callable]
+    """tp_group (or None) -> the loss of the pipeline's last stage on (logits, targets)."""
+    flops_per_sample: Callable[[Any], Tuple[Optional[float], str]]
+    """task -> (training FLOPs of one sample, how they were counted), for MFU."""
+    tp_plan: Optional[Any] = None
+    """Its `zoo.parallel.plans.TPPlan`; None: tensor parallelism is refused."""
+    hf: Optional[HFConverter] = None
+    """Import (`model.init_from`) and `zoo.export`; None: neither."""
+    mixes_data: bool = False
+    """Accepts `data.mix` (several text sources)."""
+    generates_text: bool = False
+    """Samples text at the end (`trainer.sample_tokens`)."""
+    planner: Optional[Callable[[Any, int], Any]] = None
+    """(model config, tokenizer vocabulary) -> `zoo.plan.families.ModelDesc`; None: not planned."""
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp_plan is not None and self.tp_plan.embedding is not None

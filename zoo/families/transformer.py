@@ -1,0 +1,99 @@
+"""What the transformer families (GPT, BERT) share: the vocabulary padding, their part of
+validation (dimensions and their tensor-parallel splits, those of an imported model under
+model.init_from) and their model FLOPs."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from zoo.config.schema import Config, ModelConfig
+from zoo.errors import ConfigError
+from zoo.parallel.topology import Layout
+
+# Used for checks before the tokenizer is known; any multiple of the pad size.
+PLACEHOLDER_VOCAB = 128
+
+
+def padded_vocab(tokenizer_len: int, cfg: ModelConfig) -> int:
+    """The model's vocabulary: model.vocab_size, or the tokenizer's padded to vocab_pad_multiple."""
+    if cfg.vocab_size is not None:
+        if cfg.vocab_size < tokenizer_len:
+            raise ConfigError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's {tokenizer_len} "
+                              f"tokens; raise it or leave it null")
+        return cfg.vocab_size
+    m = cfg.vocab_pad_multiple
+    return -(-tokenizer_len // m) * m
+
+
+def config_overrides(cfg: ModelConfig) -> dict:
+    """The dimensions a config sets over its size preset (None: the preset's)."""
+    return dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+                ffn_mult=cfg.ffn_mult, dropout=cfg.dropout)
+
+
+def shape_from_config(make_shape, cfg: ModelConfig, vocab_size: Optional[int] = None, **extra):
+    """`make_shape(size, vocab, **dims)` with the config's overrides of its size preset (a
+    placeholder vocabulary where the tokenizer is not known yet)."""
+    return make_shape(cfg.size, vocab_size or PLACEHOLDER_VOCAB, **config_overrides(cfg), **extra)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def imported_dims(spec, m: ModelConfig):
+    """The shape of the transformers model that model.init_from names (its config.json)."""
+    from zoo.checkpoint.hf import hf_meta
+
+    try:
+        found, meta = hf_meta(m.init_from)
+    except KeyError as err:
+        raise ConfigError(f"model.init_from={m.init_from}: its config.json has no {err}") from None
+    _require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
+                                     f"model.family={m.family}; use model={found.name}")
+    return spec.shape_type(**meta)
+
+
+def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) -> Tuple[int, str]:
+    """Dimensions and their tensor-parallel splits. Returns the layer count."""
+    m = cfg.model
+    try:
+        dims = imported_dims(spec, m) if m.init_from else spec.shape(m, m.vocab_size)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+        _require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
+    _require(dims.n_embd % dims.n_head == 0,
+             f"model.n_embd={dims.n_embd} is not divisible by model.n_head={dims.n_head}")
+    if layout.tp > 1:
+        heads = "the imported model's heads" if m.init_from else "model.n_head"
+        for what, size in ((heads, dims.n_head), ("the FFN width", dims.ffn_dim)):
+            _require(size % layout.tp == 0,
+                     f"parallel.tp={layout.tp} does not divide {what} ({size}); choose tp among "
+                     f"{[d for d in range(1, size + 1) if size % d == 0 and d <= 64]}")
+        if m.init_from:
+            _require(dims.vocab_size % layout.tp == 0,
+                     f"parallel.tp={layout.tp} does not divide the vocabulary of model.init_from={m.init_from} "
+                     f"({dims.vocab_size} tokens), which the embedding splits by rows; choose tp among "
+                     f"{[d for d in range(1, 65) if dims.vocab_size % d == 0]}, or pad the model's vocabulary "
+                     f"first (transformers: resize_token_embeddings(n, pad_to_multiple_of={128 * layout.tp}))")
+        elif m.vocab_size is None:
+            _require(m.vocab_pad_multiple % layout.tp == 0,
+                     f"parallel.tp={layout.tp} does not divide model.vocab_pad_multiple ({m.vocab_pad_multiple}), "
+                     f"the multiple the vocabulary is padded to; set model.vocab_pad_multiple to a multiple of {layout.tp}")
+        else:
+            _require(m.vocab_size % layout.tp == 0,
+                     f"parallel.tp={layout.tp} does not divide model.vocab_size ({m.vocab_size}); pad it to "
+                     f"{-(-m.vocab_size // (128 * layout.tp)) * 128 * layout.tp} or leave model.vocab_size null")
+    return dims.n_layer, f"layers of model.init_from={m.init_from}" if m.init_from else f"layers of model.size={m.size}"
+
+
+def transformer_flops_per_sample(task) -> Tuple[Optional[float], str]:
+    """6N + 12*L*H*Q*T per token (zoo.observe.flops), times the tokens of one sample."""
+    from zoo.observe.flops import transformer_flops_per_token
+
+    shape, tokens = task.shape, task.tokens_per_sample()
+    return (tokens * transformer_flops_per_token(task.num_params(), shape.n_layer, shape.n_embd, shape.block_size,
+                                                 tokens), "6N + 12*L*H*Q*T")

@@ -1,0 +1,18 @@
+"""Token losses shared by the language models: per-token cross-entropy of full-vocabulary
+logits, and the mean over the positions that have a target."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cross_entropy_per_token(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token loss of full-vocabulary logits; -100 targets give 0."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none",
+                           ignore_index=-100).view_as(targets)
+
+
+def masked_mean(per_token: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean loss over the positions whose target is not -100."""
+    mask = (targets != -100).to(per_token.dtype)
+    return (per_token * mask).sum() / mask.sum().clamp_min(1.0)

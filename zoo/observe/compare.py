@@ -1,0 +1,169 @@
+"""Compare runs side by side.
+
+    python -m zoo.compare RUN_DIR... [--plot FILE.png]
+    python -m zoo.compare outputs/gpt-tiny/* --plot runs.png
+
+One table with a column per run: the config keys that differ between the runs (from each
+run's config.yaml), then what the runs achieved (summary.json): final and held-out loss,
+throughput, MFU, peak memory, the shares of communication and data wait, wall time.
+`--plot` draws the loss curves and the throughput of every run (metrics.jsonl) in one PNG.
+An argument that is not a directory but a wandb run path (ENTITY/PROJECT/RUN_ID) is read
+through wandb's API, which needs the network and credentials.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+# (summary key, row label, format)
+RESULTS = [
+    ("final_loss", "final loss", "{:.4f}"),
+    ("eval_loss", "eval loss", "{:.4f}"),
+    ("eval_perplexity", "eval perplexity", "{:.2f}"),
+    ("eval_accuracy", "eval accuracy", "{:.2%}"),
+    ("tokens_per_s", "tokens/s", "{:,.0f}"),
+    ("samples_per_s", "samples/s", "{:,.1f}"),
+    ("mfu", "MFU", "{:.1%}"),
+    ("peak_mem_bytes", "peak memory GiB", None),
+    ("peak_mem_share", "peak memory share", "{:.1%}"),
+    ("comm_share", "communication share", "{:.1%}"),
+    ("data_wait_share", "data wait share", "{:.1%}"),
+    ("padding_efficiency", "padding efficiency", "{:.3f}"),
+    ("steps", "steps", "{}"),
+    ("wall_time_s", "wall time s", "{:.1f}"),
+]
+
+
+@dataclass
+class Run:
+    name: str
+    config: Dict[str, Any]  # flattened: "optim.lr" -> 0.001
+    summary: Dict[str, Any]
+    history: List[Dict[str, Any]]  # metrics.jsonl records
+
+
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def load_dir(path: Path) -> Run:
+    if not (path / "config.yaml").exists():
+        raise ValueError(f"{path} is not a run directory (no config.yaml)")
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
+    metrics = path / "metrics.jsonl"
+    history = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return Run(path.name, flatten(yaml.safe_load((path / "config.yaml").read_text()) or {}), summary, history)
+
+
+def load_wandb(run_path: str) -> Run:
+    """A run logged online, by its wandb path ENTITY/PROJECT/RUN_ID."""
+    import wandb
+
+    run = wandb.Api().run(run_path)
+    history = [row for row in run.scan_history() if "loss" in row]
+    for row in history:
+        row.setdefault("step", row.get("_step"))
+    return Run(run.name, flatten(dict(run.config)), dict(run.summary), history)
+
+
+def load(arg: str) -> Run:
+    path = Path(arg)
+    if path.is_dir():
+        return load_dir(path)
+    if not path.exists() and arg.count("/") == 2:
+        return load_wandb(arg)
+    raise ValueError(f"{arg} is neither a run directory nor a wandb run path (ENTITY/PROJECT/RUN_ID)")
+
+
+def differing_keys(runs: List[Run]) -> List[str]:
+    keys = sorted(set().union(*(r.config for r in runs)))
+    return [k for k in keys if len({json.dumps(r.config.get(k, "<unset>"), sort_keys=True) for r in runs}) > 1]
+
+
+def _cell(value: Any, fmt: Optional[str]) -> str:
+    if value is None:
+        return "-"
+    if fmt is None:  # bytes
+        return f"{value / 2**30:.2f}"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):  # "nan", or a type the format does not take
+        return str(value)
+
+
+def table(runs: List[Run]) -> str:
+    """The side-by-side table (plain text, one column per run)."""
+    rows = [("config (differing keys)", None)]
+    rows += [(k, [str(r.config.get(k, "<unset>")) for r in runs]) for k in differing_keys(runs)] or [
+        ("(none: the runs share one config)", ["" for _ in runs])]
+    rows.append(("results", None))
+    for key, label, fmt in RESULTS:
+        if any(key in r.summary for r in runs):
+            rows.append((label, [_cell(r.summary.get(key), fmt) for r in runs]))
+    names = [r.name for r in runs]
+    width0 = max(len(label) for label, _ in rows)
+    widths = [max([len(n)] + [len(cells[i]) for _, cells in rows if cells]) for i, n in enumerate(names)]
+    lines = ["  ".join([" " * width0] + [n.rjust(w) for n, w in zip(names, widths)])]
+    for label, cells in rows:
+        if cells is None:
+            lines.append(f"-- {label} --")
+        else:
+            lines.append("  ".join([label.ljust(width0)] + [c.rjust(w) for c, w in zip(cells, widths)]))
+    return "\n".join(lines)
+
+
+def plot(runs: List[Run], path: Path) -> None:
+    """Loss and tokens/s against the step, one line per run, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in runs:
+        steps = [m["step"] for m in r.history]
+        loss_ax.plot(steps, [float(m["loss"]) for m in r.history], marker=".", label=r.name)
+        speed_ax.plot(steps, [m.get("tokens_per_s", float("nan")) for m in r.history], marker=".", label=r.name)
+    loss_ax.set(xlabel="step", ylabel="training loss", title="loss")
+    speed_ax.set(xlabel="step", ylabel="tokens/s", title="throughput")
+    for ax in (loss_ax, speed_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m zoo.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories (or wandb run paths ENTITY/PROJECT/RUN_ID)")
+    parser.add_argument("--plot", type=Path, help="write loss curves and throughput to this PNG")
+    args = parser.parse_args(argv)
+    try:
+        runs = [load(a) for a in args.runs]
+    except ValueError as err:
+        print(f"zoo.compare: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if len({r.name for r in runs}) < len(runs):  # e.g. .../a/run and .../b/run
+        for r, a in zip(runs, args.runs):
+            r.name = a
+    print(table(runs))
+    if args.plot:
+        plot(runs, args.plot)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
