@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from _dist import run_ranks
 
+from tests.unit.parallel._dist import run_ranks
 from zoo.parallel import mappings as M
 from zoo.parallel.cross_entropy import vocab_parallel_cross_entropy
 from zoo.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding

@@ -247,6 +247,6 @@ def _tp_equivalence(rank, world):
 
 
 def test_bert_tp2_matches_tp1_logits_loss_and_every_gradient():
-    from tests.parallel._dist import run_ranks
+    from tests.unit.parallel._dist import run_ranks
 
     run_ranks(2, _tp_equivalence)

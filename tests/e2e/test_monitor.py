@@ -9,15 +9,6 @@ import sys
 import time
 
 import pytest
-import torch
-import torch.distributed as dist
-
-from data_pipelines.schedule import micro_batch_start
-from zoo.data_loading import StepLoader
-from zoo.observe.comm_timer import CommTimer
-from zoo.observe.flops import forward_flops, transformer_flops_per_token
-from zoo.observe.monitor import diagnose
-from zoo.worker import leave_process_group
 
 FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
@@ -25,82 +16,8 @@ SLOW_COLLATE_S = 0.1  # per micro-batch: 0.4 s of loading per step against ~0.2 
 
 
 # -- units ------------------------------------------------------------------------------------
-def test_transformer_formula_matches_counted_flops():
-    """6N + 12*L*H*Q*T per token against 3x the forward FLOPs torch counts on the real model."""
-    from zoo.models.gpt import GPT, GPTShape
-
-    shape = GPTShape(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=512)
-    with torch.device("meta"):
-        model = GPT(shape)
-    params = sum(p.numel() for p in model.parameters())
-    counted = 3 * forward_flops(model, torch.zeros(1, 64, dtype=torch.long, device="meta"))
-    formula = 64 * transformer_flops_per_token(params, 2, 64, 64, 64)
-    assert counted == pytest.approx(formula, rel=0.02)
 
 
-def test_comm_timer_times_sync_calls_and_waits(tmp_path):
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    timer, original = CommTimer(torch.device("cpu")), dist.all_reduce
-    try:
-        timer.install()
-        dist.all_reduce(torch.ones(4))
-        dist.all_reduce(torch.ones(4), async_op=True).wait()
-        objects = [None]
-        dist.all_gather_object(objects, {"a": 1})  # calls all_gather inside: counted once
-        dist.all_gather_single(torch.empty(4), torch.ones(4))  # the tensor-parallel gather and scatter
-        dist.reduce_scatter_single(torch.empty(4), torch.ones(4))
-        with timer.paused():
-            dist.all_reduce(torch.ones(4))
-        total, by_call = timer.seconds()
-    finally:
-        timer.uninstall()
-        leave_process_group()
-    assert set(by_call) == {"all_reduce", "wait", "all_gather_object", "all_gather_single", "reduce_scatter_single"}
-    assert total == pytest.approx(sum(by_call.values()))
-    assert dist.all_reduce is original  # uninstalled
-
-
-def test_concurrent_calls_count_once():
-    timer = CommTimer(torch.device("cpu"))
-    timer._spans = [("a", 0.0, 2.0), ("b", 1.0, 3.0), ("c", 5.0, 6.0)]
-    assert timer.seconds() == (4.0, {"a": 2.0, "b": 2.0, "c": 1.0})
-
-
-def test_diagnosis_thresholds():
-    found = diagnose({"gpu_util": 0.5, "comm_share": 0.1, "peak_mem_share": 0.9, "data_wait_share": 0.06})
-    assert set(found) == {"gpu_util", "peak_mem_share", "data_wait_share"}
-    assert "activation_checkpointing" in found["peak_mem_share"] and "num_workers" in found["data_wait_share"]
-    assert diagnose({"comm_share": 0.2, "data_wait_share": 0.05}) == {}
-
-
-class PositionTask:
-    """Batches that say which stream positions they hold (the base Task's addressing)."""
-
-    device = torch.device("cpu")
-
-    def micro_batch(self, consumed, micro, *, micro_batch, global_batch, dp_rank, dp_size):
-        start = micro_batch_start(consumed, micro, global_batch=global_batch, micro_batch=micro_batch,
-                                  dp_rank=dp_rank, dp_size=dp_size)
-        return torch.arange(start, start + micro_batch), torch.full((micro_batch,), consumed)
-
-
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_the_loader_hands_out_exactly_the_asked_position(num_workers):
-    """Prefetched steps are used only for their own position; a jump (a resume) re-reads."""
-    task, shape = PositionTask(), dict(global_batch=8, micro_batch=2, dp_rank=1, dp_size=2)
-    loader = StepLoader(task, torch.device("cpu"), start=16, end=80, grad_accum=2, num_workers=num_workers, **shape)
-    try:
-        for consumed in (16, 24, 32, 56, 64, 72):
-            want = [task.micro_batch(consumed, m, **shape) for m in range(2)]
-            got = loader.get(consumed)
-            assert [[t.tolist() for t in b] for b in got] == [[t.tolist() for t in b] for b in want], consumed
-    finally:
-        loader.close()
-
-
-# -- real runs --------------------------------------------------------------------------------
 def check_sane(run, *, samples_per_step: int, tokens_per_sample: int = 128):
     for m in run.metrics:
         for key in ("comm_share", "data_wait_share", "peak_mem_share", "padding_efficiency"):
@@ -152,7 +69,7 @@ def slow_loading_main() -> None:
 def starved(run_zoo, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("starved") / "run"
     return run_zoo(run_dir=run_dir, cmd=[
-        sys.executable, "-c", "from tests.test_monitor import slow_loading_main; slow_loading_main()",
+        sys.executable, "-c", "from tests.e2e.test_monitor import slow_loading_main; slow_loading_main()",
         f"hydra.run.dir={run_dir}", "trainer.progress=false", *FAST, "trainer.max_steps=4", "trainer.log_every=2"])
 
 

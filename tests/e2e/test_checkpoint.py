@@ -13,7 +13,6 @@ import time
 import pytest
 import torch
 
-from data_pipelines.schedule import SampleStream, micro_batch_start
 from tests.conftest import REPO
 
 # Every run here shares one 20-step LR schedule (optim.decay_steps), whatever its max_steps,
@@ -21,6 +20,8 @@ from tests.conftest import REPO
 STEPS = 20
 FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         f"optim.decay_steps={STEPS}", "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
+
+from tests.unit.test_checkpoint import ExecutesCode, after
 
 
 def losses_by_step(run) -> dict:
@@ -44,10 +45,6 @@ def copy_run(written, tmp_path):
     return shutil.copytree(written.run_dir, tmp_path / "run")
 
 
-def after(losses: dict, step: int) -> dict:
-    return {s: l for s, l in losses.items() if s > step}
-
-
 def test_exact_resume_is_bitwise(run_zoo, tmp_path, reference, written):
     """Both ways of reading a checkpoint on the layout that wrote it: DeepSpeed's per-rank
     files (the default) and the layout-free files (checkpoint.native=false)."""
@@ -64,16 +61,6 @@ def test_exact_resume_is_bitwise(run_zoo, tmp_path, reference, written):
     assert losses_by_step(portable) == want
 
 
-class ExecutesCode:
-    """What a hostile pickle holds: unpickling it calls os.system."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
 def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, written):
     run_dir = copy_run(written, tmp_path)
     marker = tmp_path / "code-ran"
@@ -82,22 +69,6 @@ def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, writt
     bad = run_zoo(*FAST, "trainer.max_steps=4", "checkpoint.native=true", "resume=auto", run_dir=run_dir, check=False)
     assert bad.returncode == 2 and "refused to load" in bad.stderr and "checkpoint.native=false" in bad.stderr
     assert not marker.exists() and "Traceback" not in bad.stderr
-
-
-def test_every_torch_load_during_a_native_load_is_weights_only(tmp_path):
-    """DeepSpeed's universal-checkpoint and optimizer paths call torch.load(weights_only=False)
-    themselves; inside the guard that flag is overridden and the refusal names the file."""
-    from zoo.checkpoint.native import RefusedPickle, weights_only_loading
-
-    marker, hostile, plain = tmp_path / "code-ran", tmp_path / "optimizer_state.pt", tmp_path / "plain.pt"
-    torch.save({"state": ExecutesCode(marker)}, hostile)
-    torch.save({"w": torch.ones(2)}, plain)
-    with weights_only_loading():
-        with pytest.raises(RefusedPickle, match="optimizer_state.pt"):
-            torch.load(hostile, weights_only=False)
-        assert torch.equal(torch.load(plain, weights_only=False)["w"], torch.ones(2))
-    assert not marker.exists()
-    assert torch.load.__module__ == "torch.serialization"  # restored on the way out
 
 
 def test_universal_checkpoint_loading_is_refused_before_launch(run_zoo, tmp_path, written):
@@ -166,13 +137,9 @@ def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path, reference, w
     assert after(losses_by_step(resumed), 3) == {4: reference[4], 5: reference[5]}
 
 
-# Layout changes, as one chain of runs that each take two steps and resume the previous
-# one's checkpoint: every transition below is one change of layout. Each run's losses must
-# continue the uninterrupted single-process run within 1e-5 relative.
-# "same" transitions resume on the layout that wrote the checkpoint: from DeepSpeed's own
-# per-rank files (the native path: on by default under ZeRO-3 only, on here for all); every
-# other one reads the layout-free files.
 PP = ["parallel=pp", "parallel.num_microbatches=4"]
+
+
 CHAIN = [
     (PP, "pp 2 (written)"),
     (PP, "pp 2 same"),
@@ -185,6 +152,8 @@ CHAIN = [
     (["parallel=zero3"], "ZeRO 3 same"),
     (["parallel=ddp"], "dp 2 -> 1"),
 ]
+
+
 assert 2 * len(CHAIN) == STEPS
 
 
@@ -202,27 +171,6 @@ def test_resume_on_another_layout(run_zoo, tmp_path, reference):
                                    rtol=1e-5, atol=0, msg=lambda m: f"{what}: {m}")
 
 
-@pytest.mark.parametrize("dp_before, dp_after", [(2, 1), (1, 2), (2, 4), (4, 2)])
-def test_data_position_carries_over_sample_by_sample(dp_before, dp_after):
-    """The samples of every step are the same whichever dp wrote the position: none twice, none skipped."""
-    stream, global_batch, micro = SampleStream(1000, seed=3), 16, 2
-
-    def step_samples(consumed, dp):
-        out = []
-        for rank in range(dp):
-            for m in range(global_batch // (micro * dp)):
-                start = micro_batch_start(consumed, m, global_batch=global_batch, micro_batch=micro,
-                                          dp_rank=rank, dp_size=dp)
-                out.extend(stream.indices(start, micro))
-        return out
-
-    before = [s for step in range(5) for s in step_samples(step * global_batch, dp_before)]
-    after = [s for step in range(5, 70) for s in step_samples(step * global_batch, dp_after)]
-    seen = before + after  # 70 steps of 16 = 1120 samples: the first epoch (1000) then 120 more
-    assert sorted(seen[:1000]) == list(range(1000))
-    assert seen == list(stream.indices(0, 1120))
-
-
 def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path, written):
     run_dir = copy_run(written, tmp_path)
     bad = run_zoo(*FAST, "trainer.max_steps=4", "model.n_layer=2", "resume=auto", run_dir=run_dir, check=False)
@@ -230,15 +178,3 @@ def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path, written):
     assert "n_layer" in bad.stderr and "Traceback" not in bad.stderr
     state = json.loads((run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())
     assert state["shape"]["n_layer"] == 4
-
-
-@pytest.mark.parametrize("zero_stage, setting, on", [(3, None, True), (1, None, False), (0, None, False),
-                                                      (1, True, True), (3, False, False)])
-def test_native_files_by_default_only_under_zero3(zero_stage, setting, on):
-    from zoo.checkpoint.native import enabled
-    from zoo.config.schema import Config
-    from zoo.parallel.topology import Layout
-
-    cfg = Config()
-    cfg.checkpoint.native = setting
-    assert enabled(cfg, Layout(tp=1, pp=1, dp=2, zero_stage=zero_stage)) is on

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from tests.conftest import REPO
 from zoo.plan.__main__ import run
 from zoo.plan.schema import PlanRunConfig
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = REPO / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
 CANDIDATE_KEYS = {"tp", "pp", "dp", "zero_stage", "micro_batch_size", "grad_accum", "activation_checkpointing",
                   "mem_bytes", "fits", "step_time_s"}

@@ -89,6 +89,6 @@ def _sync_batch_norm(rank, world):
 
 
 def test_data_parallel_batch_norm_equals_one_batch_norm():
-    from tests.parallel._dist import run_ranks
+    from tests.unit.parallel._dist import run_ranks
 
     run_ranks(2, _sync_batch_norm)

@@ -5,8 +5,16 @@ import pytest
 
 from zoo.config.schema import Config, ModelConfig
 from zoo.parallel.topology import Layout
-from zoo.plan import (ClusterConfig, PlanConfig, describe_model, enumerate_layouts, estimate, fit_warning,
-                      predict_fit, recommend)
+from zoo.plan import (
+    ClusterConfig,
+    PlanConfig,
+    describe_model,
+    enumerate_layouts,
+    estimate,
+    fit_warning,
+    predict_fit,
+    recommend,
+)
 from zoo.plan.layout import PlanLayout
 
 A100 = dict(name="dgx-a100", gpus_per_node=8, gpu_mem_gb=80, peak_tflops=312, fp32_tflops=156, hbm_gbps=2039,

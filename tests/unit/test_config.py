@@ -8,12 +8,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from tests.conftest import REPO
 from zoo.config.schema import Config, register_configs
 from zoo.engine import deepspeed_config
 from zoo.parallel.topology import Layout
 from zoo.validate import ConfigError, resolve_layout, validate
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = REPO / "conf"
 register_configs()
 
 
