@@ -76,6 +76,10 @@ class Trainer:
         return path
 
     def save_checkpoint(self) -> Path:
+        """Write a checkpoint of this step (collective); a model that is no longer finite is
+        never saved: the run stops as diverged instead, the last good checkpoint untouched."""
+        if not self._parameters_finite():
+            self._stop_diverged(f"the parameters are not finite at step {self.step}")
         return checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
                                meta=self.meta, keep=self.cfg.checkpoint.keep,
                                native=native_checkpoint.enabled(self.cfg, self.layout))
@@ -143,7 +147,7 @@ class Trainer:
         self.loader = self.open_loader()
         started, first_step = time.perf_counter(), self.step
         window_steps, train_time, loss = 0, 0.0, float("nan")
-        bad_steps = 0  # consecutive steps whose loss was not finite
+        bad_steps, first_bad = 0, None  # consecutive steps whose loss was not finite, the first of them
         self.monitor.start_window()
         while self.step < t.max_steps:
             t0 = time.perf_counter()
@@ -159,13 +163,18 @@ class Trainer:
                 window_steps = 0
             self.log.advance(1, None if math.isnan(loss) else loss)
             received, nonfinite = self._agree([signals.received(), int(not torch.isfinite(local_loss))])
-            bad_steps = bad_steps + 1 if nonfinite else 0
+            bad_steps, first_bad = (bad_steps + 1, first_bad or self.step) if nonfinite else (0, None)
             if bad_steps >= t.max_nonfinite_steps:
-                self._stop_diverged(bad_steps)
+                self._stop_diverged(f"the loss is not finite at step {first_bad} ({bad_steps} steps in a row)")
             if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0 and not nonfinite:
                 self.save_checkpoint()
             if received:
                 self._stop_on_signal(received)
+        if bad_steps:  # fewer than max_nonfinite_steps were left: the run still diverged
+            self._stop_diverged(f"the loss is not finite at step {first_bad} ({bad_steps} steps in a row, "
+                                f"to the last step)")
+        if not self._parameters_finite():
+            self._stop_diverged(f"the parameters are not finite at step {self.step}")
         self.log.close()
         self.loader.close()  # the task is the trainer's again (evaluation, final metrics)
         final_checkpoint = self.cfg.checkpoint.every or t.max_steps == 0  # max_steps=0: convert/evaluate
@@ -192,14 +201,26 @@ class Trainer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
-    def _stop_diverged(self, bad_steps: int) -> None:
+    def _parameters_finite(self) -> bool:
+        """Whether every rank's parameters are finite (its ZeRO-3 partition where partitioned; collective)."""
+        bad = 0
+        for p in self.engine.module.parameters():
+            held = getattr(p, "ds_tensor", None)
+            held = p if held is None else held
+            if held.numel() and not bool(torch.isfinite(held.detach()).all()):
+                bad = 1
+                break
+        return not self._agree([bad])[0]
+
+    def _stop_diverged(self, what: str) -> None:
+        """Stop with exit 3: no checkpoint and no weights file are written from a diverged model."""
         latest = self.ckpt_root / "latest"
         last_good = (self.ckpt_root / latest.read_text().strip()) if latest.exists() else None
         self.log.close()
         if self.rank == 0:
-            print(f"zoo: error: the loss is not finite at step {self.step} ({bad_steps} steps in a row); stopping. "
-                  f"The last good checkpoint is {last_good or 'none (checkpointing is off)'}, untouched. Lower "
-                  f"optim.lr, check the data, or use bf16/fp32; resume with resume=auto", file=sys.stderr, flush=True)
+            print(f"zoo: error: {what}; stopping, nothing saved. The last good checkpoint is "
+                  f"{last_good or 'none (checkpointing is off)'}, untouched. Lower optim.lr, check the data, or use "
+                  f"bf16/fp32; resume with resume=auto", file=sys.stderr, flush=True)
         raise SystemExit(DIVERGED_EXIT_CODE)
 
     def _stop_on_signal(self, received: int) -> None:

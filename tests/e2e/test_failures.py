@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -83,6 +84,22 @@ def test_sigint_single_process(tmp_path, zoo_cache):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert (run_dir / "checkpoints" / "latest").exists()
+
+
+def test_a_run_that_diverges_in_its_last_steps_saves_nothing_non_finite(run_zoo, tmp_path):
+    """Fewer steps left than trainer.max_nonfinite_steps: the run still ends as diverged (exit
+    3), no checkpoint holds a non-finite weight and no model.safetensors is written."""
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "late_nan"
+    run = run_zoo(*FAST, "trainer.max_steps=5", "optim.lr=1e12", "optim.warmup_steps=1", "checkpoint.every=1",
+                  "checkpoint.keep=10", "trainer.max_nonfinite_steps=100", run_dir=run_dir, check=False)
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert "not finite at step" in run.stderr and "Traceback" not in run.stderr
+    assert not (run_dir / "model.safetensors").exists()
+    for ckpt in (run_dir / "checkpoints").glob("step_*"):
+        for f in ckpt.glob("*.safetensors"):
+            assert all(torch.isfinite(t).all() for t in load_file(str(f)).values()), f
 
 
 def test_a_loss_that_stays_non_finite_stops_and_keeps_the_last_good_checkpoint(run_zoo, tmp_path):
