@@ -99,9 +99,18 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         rank, first = err.get_first_failure()
         if first.exitcode in REPORTED_EXITS:
             sys.exit(first.exitcode)  # the rank that stopped first said why (the others were stopped)
-        print(f"zoo: rank {rank} failed first (exit code {first.exitcode}):\n{first.message}",
+        print(f"zoo: rank {rank} failed first (exit code {first.exitcode}): {_last_error_line(first.message)}",
               file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def _last_error_line(message) -> str:
+    """The line that says what went wrong, from the agent's failure message: a string (a
+    signal) or the error file's record, a dict whose `message` ends with the exception."""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+    return lines[-1][:500] if lines else "(no message)"
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
