@@ -70,11 +70,11 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int) -> Non
     Raises `ChildFailedError` (which names the failing rank first) when a worker fails;
     the agent then stops the others, so no process is left behind.
     """
+    import logging
+
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from zoo.worker import main as worker_main
-
-    import logging
 
     # The agent logs every failed worker's traceback; zoo.train reports the first failure
     # itself, in one place, so the agent is kept quiet.

@@ -81,6 +81,24 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         worker_main(cfg_yaml, run_dir)
         return
     os.makedirs(run_dir, exist_ok=True)
+    from zoo.rundir_lock import HELD_ENV, RunDirLock
+
+    try:
+        lock = RunDirLock(run_dir).acquire()  # this process owns the run: its workers inherit that
+    except ZooError as err:
+        _fail(str(err), run_dir)
+    os.environ[HELD_ENV] = "1"
+    try:
+        _launch_local(cfg, layout, cfg_yaml, run_dir)
+    finally:
+        os.environ.pop(HELD_ENV, None)
+        lock.release()
+
+
+def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
+    """Run the layout's ranks on this host: in this process for one rank, else as workers."""
+    from zoo import launch
+
     if layout.world_size == 1:
         from zoo.worker import main as worker_main
 

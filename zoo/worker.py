@@ -126,6 +126,33 @@ def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None
 
     layout, _ = resolve_layout(cfg, world)
     run_path = agree_run_dir(run_dir)
+    lock = _lock_run_dir(run_path, rank)
+    try:
+        _train(cfg, cfg_yaml, run_path, layout, device)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_run_dir(run_path: Path, rank: int):
+    """Under torchrun, the deepspeed launcher or srun rank 0 owns the run and locks its
+    directory (the local launcher's parent already holds it); every rank stops if it is taken."""
+    from zoo.rundir_lock import HELD_ENV, RunDirLock
+
+    lock, problem = None, [None]
+    if rank == 0 and not os.environ.get(HELD_ENV):
+        try:
+            lock = RunDirLock(run_path).acquire()
+        except RunDirError as err:
+            problem = [str(err)]
+    dist.broadcast_object_list(problem, src=0)
+    if problem[0]:
+        raise RunDirError(problem[0])
+    return lock
+
+
+def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: torch.device) -> None:
+    rank = dist.get_rank()
     if rank == 0:
         (run_path / "config.yaml").write_text(cfg_yaml)
     write_topology(layout, run_path, rank)

@@ -13,9 +13,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zoo.parallel.mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
-                                   gather_from_tp_region, group_rank, group_size,
-                                   reduce_from_tp_region, reduce_scatter_to_sequence_parallel_region)
+from zoo.parallel.mappings import (
+    copy_to_tp_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tp_region,
+    group_rank,
+    group_size,
+    reduce_from_tp_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
 from zoo.parallel.sharding import ShardSpec, shard_shape
 
 
