@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +36,14 @@ def _fail(message: str, run_dir: str | None) -> None:
         os.rmdir(run_dir)
     print(f"zoo: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def _refuse_overwriting_checkpoints(run_dir: str) -> None:
+    """A fresh start never writes over a run's checkpoints: continuing is resume=auto."""
+    steps = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir())
+    if steps:
+        _fail(f"hydra.run.dir={run_dir} already holds checkpoints ({', '.join(steps[-3:])}); a fresh start would "
+              f"write over them: continue that run with resume=auto, or start in another hydra.run.dir", run_dir)
 
 
 def _free_port() -> int:
@@ -59,6 +68,8 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         if cfg.debug:
             raise
         _fail(str(err), run_dir)
+    if not cfg.resume:
+        _refuse_overwriting_checkpoints(run_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         from zoo.plan import device_memory_bytes, fit_warning

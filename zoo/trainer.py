@@ -57,7 +57,19 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def _resume(self):
-        path = checkpoint.resolve(self.cfg.resume, self.run_dir)
+        # Rank 0 verifies (reads every file once) and tells the others what to read.
+        found = [None, None, []]  # path, error, notes
+        if self.rank == 0:
+            try:
+                found[0], found[2] = checkpoint.resolve(self.cfg.resume, self.run_dir)
+            except checkpoint.CheckpointError as err:
+                found[1] = str(err)
+        dist.broadcast_object_list(found, src=0)
+        path, error, notes = found
+        if error:
+            raise checkpoint.CheckpointError(error)
+        for line in notes if self.rank == 0 else []:
+            print(f"zoo: {line}", flush=True)
         if path is None:
             if self.rank == 0:
                 print("zoo: resume=auto: no checkpoint in this run directory yet; starting fresh", flush=True)

@@ -34,7 +34,9 @@ def read_zoo(src: Path) -> Tuple[str, dict, State, Path]:
             info = fh.metadata() or {}
         if "shape" in info:
             return info["family"], json.loads(info["shape"]), load_file(str(final)), src
-    ckpt = src if (src / "state.json").exists() else resolve(str(src), src)
+    ckpt, notes = (src, []) if (src / "state.json").exists() else resolve(str(src), src)
+    for line in notes:
+        print(f"zoo.export: {line}", file=sys.stderr)
     if ckpt is None:
         raise ZooError(f"{src}: no checkpoint found (train with checkpoint.every=N)")
     state_json = read_state(ckpt)

@@ -25,13 +25,14 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from zoo.checkpoint import native as native_checkpoint
+from zoo.checkpoint.verify import damage, newest_intact, write_checksums
 from zoo.errors import CheckpointError
 from zoo.parallel.names import plain_name
 from zoo.parallel.sharding import gather_full, local_shard
@@ -143,6 +144,7 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
     dist.barrier()
     final = ckpt_root / name
     if rank == 0:
+        write_checksums(tmp)  # last: a directory without it never finished
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         _write_atomic(ckpt_root / "latest", name + "\n")
@@ -166,22 +168,26 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def resolve(resume: str, run_dir: Path) -> Optional[Path]:
-    """The checkpoint directory `resume` names: `auto` (the latest of this run, or None),
-    a checkpoint directory, or a run directory (its latest)."""
-    root = run_dir / "checkpoints" if resume == "auto" else Path(resume)
-    if resume != "auto" and not root.exists():
+def resolve(resume: str, run_dir: Path) -> Tuple[Optional[Path], List[str]]:
+    """(the checkpoint `resume` names, a line for each damaged one passed over): `auto` (the
+    newest intact checkpoint of this run, or None when it has none), a checkpoint directory
+    (refused when damaged), or a run directory (its newest intact checkpoint). Verified
+    against the checksums recorded at save time (zoo.checkpoint.verify)."""
+    if resume == "auto":
+        return newest_intact(run_dir / "checkpoints")
+    root = Path(resume)
+    if not root.exists():
         raise CheckpointError(f"resume={resume}: no such checkpoint or run directory")
-    if (root / "state.json").exists():
-        return root
-    if (root / "checkpoints").is_dir():
-        root = root / "checkpoints"
-    latest = root / "latest"
-    if not latest.exists():
-        if resume == "auto":
-            return None
-        raise CheckpointError(f"resume={resume}: no checkpoint there (no state.json, no checkpoints/latest)")
-    return root / latest.read_text().strip()
+    if (root / "state.json").exists() or root.name.startswith("step_"):
+        problem = damage(root)
+        if problem is not None:
+            raise CheckpointError(f"resume={resume}: the checkpoint is damaged ({problem}); resume from another "
+                                  f"checkpoint, or give its run directory to take the newest intact one")
+        return root, []
+    path, notes = newest_intact(root / "checkpoints" if (root / "checkpoints").is_dir() else root)
+    if path is None:
+        raise CheckpointError(f"resume={resume}: no checkpoint there (no state.json, no step_* directories)")
+    return path, notes
 
 
 def read_state(path: Path) -> dict:

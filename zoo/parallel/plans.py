@@ -20,8 +20,15 @@ import torch
 import torch.nn as nn
 
 from zoo.parallel.cross_entropy import vocab_parallel_cross_entropy
-from zoo.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from zoo.parallel.mappings import reduce_from_tp_region, scatter_to_sequence_parallel_region
+from zoo.parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from zoo.parallel.mappings import (
+    reduce_from_tp_region,
+    scatter_to_sequence_parallel_region,
+)
 
 Plan = Sequence[Tuple[str, str]]
 

@@ -15,7 +15,14 @@ from zoo.plan.fit import device_memory_bytes, fit_warning, predict_fit
 from zoo.plan.layout import PlanLayout
 from zoo.plan.memory import MemoryEstimate, layout_memory, model_state_bytes
 from zoo.plan.schema import ClusterConfig, PlanConfig, PlanRunConfig
-from zoo.plan.search import Candidate, Plan, enumerate_layouts, estimate, make_plan, recommend
+from zoo.plan.search import (
+           Candidate,
+           Plan,
+           enumerate_layouts,
+           estimate,
+           make_plan,
+           recommend,
+)
 from zoo.plan.step_time import StepTime, step_time
 
 __all__ = ["Activations", "Candidate", "ClusterConfig", "MemoryEstimate", "ModelDesc", "ParamCount",

@@ -150,7 +150,9 @@ def render_text(p: Plan) -> str:
     out += ["", "Why:"] + [f"- {r}" for r in reasons(p)]
     out += ["", f"Best {min(p.plan.top, len(p.candidates))} of {len(p.candidates)} (memory in GB per GPU):", HEADER]
     out += [_row(i + 1, x) for i, x in enumerate(p.candidates[:p.plan.top])]
-    from zoo.parallel.topology import describe_grid  # imports DeepSpeed: only the text output needs it
+    from zoo.parallel.topology import (
+        describe_grid,  # imports DeepSpeed: only the text output needs it
+    )
 
     hosts = [f"node{r // c.gpus_per_node}" for r in range(lay.world_size)]
     out += ["", "Device topology of the recommended layout:",

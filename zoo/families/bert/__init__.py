@@ -6,7 +6,11 @@ from __future__ import annotations
 from zoo.families.bert import hf
 from zoo.families.bert.task import BertTask
 from zoo.families.spec import FamilySpec, HFConverter
-from zoo.families.transformer import check_transformer, shape_from_config, transformer_flops_per_sample
+from zoo.families.transformer import (
+    check_transformer,
+    shape_from_config,
+    transformer_flops_per_sample,
+)
 from zoo.models.bert import BertForMaskedLM, BertShape, bert_init_std, bert_shape
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.plans import TPPlan

@@ -23,7 +23,12 @@ class BertTask(Task):
         from transformers import AutoTokenizer
 
         from data_pipelines.corpus import pydoc_documents
-        from data_pipelines.mlm import BucketedStream, MLMBatches, load_mlm_samples, prepare_mlm_samples
+        from data_pipelines.mlm import (
+            BucketedStream,
+            MLMBatches,
+            load_mlm_samples,
+            prepare_mlm_samples,
+        )
         from data_pipelines.tokenizer import save_tokenizer, train_bert_tokenizer
 
         cfg = self.cfg

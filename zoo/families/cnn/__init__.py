@@ -9,7 +9,13 @@ from zoo.config.schema import Config
 from zoo.errors import ConfigError
 from zoo.families.cnn.task import CNNTask
 from zoo.families.spec import FamilySpec
-from zoo.models.cnn import CNNShape, ResNet, classification_loss, cnn_init_std, cnn_shape
+from zoo.models.cnn import (
+    CNNShape,
+    ResNet,
+    classification_loss,
+    cnn_init_std,
+    cnn_shape,
+)
 from zoo.observe.flops import counted_flops_per_sample
 from zoo.parallel.topology import Layout
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 from zoo.families.gpt import hf, plan
 from zoo.families.gpt.task import GPTTask
 from zoo.families.spec import FamilySpec, HFConverter
-from zoo.families.transformer import check_transformer, shape_from_config, transformer_flops_per_sample
+from zoo.families.transformer import (
+    check_transformer,
+    shape_from_config,
+    transformer_flops_per_sample,
+)
 from zoo.models.gpt import GPT, GPTShape, gpt_init_std, gpt_shape
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.plans import TPPlan

@@ -5,7 +5,13 @@ from __future__ import annotations
 from zoo.config.schema import ModelConfig
 from zoo.families.transformer import padded_vocab, shape_from_config
 from zoo.models.gpt import gpt_shape
-from zoo.plan.families import Activations, ModelDesc, ParamCount, Piece, gpt_layer_activations
+from zoo.plan.families import (
+    Activations,
+    ModelDesc,
+    ParamCount,
+    Piece,
+    gpt_layer_activations,
+)
 
 
 def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:

@@ -1,0 +1,105 @@
+"""Verified checkpoints: each damage a disk or a person does to a checkpoint is found before
+it is read, named in one line, and `resume=auto` falls back to the newest intact checkpoint
+(the run then continues exactly); a fresh start never writes over existing checkpoints."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.e2e.test_checkpoint import FAST, losses_by_step, reference  # noqa: F401  (reference: a fixture)
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(run_zoo, tmp_path_factory):
+    """A run of 4 steps with checkpoints at steps 2 and 4."""
+    run_dir = tmp_path_factory.mktemp("two") / "run"
+    return run_zoo(*FAST, "trainer.max_steps=4", "checkpoint.every=2", "checkpoint.keep=5", run_dir=run_dir)
+
+
+def _truncate(step):
+    f = step / "model-000.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return "model-000.safetensors has"
+
+
+def _flip_4_kib(step):
+    f = step / "model-000.safetensors"
+    data = bytearray(f.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4096] = bytes(b ^ 0xFF for b in data[middle:middle + 4096])
+    f.write_bytes(bytes(data))
+    return "model-000.safetensors does not match its checksum"
+
+
+def _garbage_state(step):
+    (step / "state.json").write_text("{not json")
+    return "state.json is not readable JSON"
+
+
+def _missing_state(step):
+    (step / "state.json").unlink()
+    return "state.json is missing"
+
+
+def _deleted_directory(step):
+    shutil.rmtree(step)
+    return "step_0000004/ is missing"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_4_kib, _garbage_state, _missing_state, _deleted_directory],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_resume_auto_falls_back_to_the_newest_intact_checkpoint(run_zoo, tmp_path, two_checkpoints, reference, damage):
+    run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
+    said = damage(run_dir / "checkpoints" / "step_0000004")
+    resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=2", "resume=auto", run_dir=run_dir)
+    assert said in resumed.stdout and "falling back" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
+    assert {s: l for s, l in losses_by_step(resumed).items() if s > 2} == {s: reference[s] for s in (3, 4, 5, 6)}
+
+
+def test_without_latest_the_newest_intact_step_is_taken(run_zoo, tmp_path, two_checkpoints, reference):
+    run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
+    (run_dir / "checkpoints" / "latest").unlink()
+    resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=2", "resume=auto", run_dir=run_dir)
+    assert "at step 4" in resumed.stdout
+    assert {s: l for s, l in losses_by_step(resumed).items() if s > 4} == {s: reference[s] for s in (5, 6)}
+
+
+def _one_error_line(run) -> str:
+    lines = [line for line in run.stderr.splitlines() if line.startswith("zoo: error:")]
+    assert run.returncode == 2 and len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_fresh_start_never_writes_over_checkpoints(run_zoo, tmp_path, two_checkpoints):
+    run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+    line = _one_error_line(run_zoo(*FAST, "trainer.max_steps=2", run_dir=run_dir, check=False))
+    assert "already holds checkpoints" in line and "resume=auto" in line
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_damaged_checkpoint_named_explicitly_is_refused(run_zoo, tmp_path, two_checkpoints):
+    run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
+    step = run_dir / "checkpoints" / "step_0000004"
+    said = _truncate(step)
+    line = _one_error_line(run_zoo(*FAST, "trainer.max_steps=6", f"resume={step}", check=False))
+    assert said in line
+
+
+def test_no_intact_checkpoint_is_refused_naming_each(run_zoo, tmp_path, two_checkpoints):
+    run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
+    for step in ("step_0000002", "step_0000004"):
+        _garbage_state(run_dir / "checkpoints" / step)
+    line = _one_error_line(run_zoo(*FAST, "trainer.max_steps=6", "resume=auto", run_dir=run_dir, check=False))
+    assert "no intact checkpoint" in line and "step_0000002" in line and "step_0000004" in line
+
+
+def test_checksums_cover_every_file(two_checkpoints):
+    step = two_checkpoints.run_dir / "checkpoints" / "step_0000004"
+    listed = json.loads((step / "checksums.json").read_text())
+    assert set(listed) == {str(p.relative_to(step)) for p in step.rglob("*") if p.is_file()} - {"checksums.json"}

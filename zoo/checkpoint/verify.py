@@ -1,0 +1,98 @@
+"""Verified checkpoints: every file's size and checksum, recorded when a checkpoint is
+written and checked before it is read.
+
+`checksums.json` in a checkpoint directory maps each file (relative path) to its size and
+its xxh3-64 digest. It is written last, just before the directory is renamed into place,
+so a checkpoint without it was either written before zoo recorded checksums (it is read
+unverified) or never finished. A resume verifies first: a damaged checkpoint (a missing,
+truncated or changed file, an unreadable state.json) is reported naming the file, and
+`resume=auto` falls back to the newest intact checkpoint, saying so.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from zoo.errors import CheckpointError
+
+CHECKSUMS = "checksums.json"
+_CHUNK = 8 << 20
+
+
+def _digest(path: Path) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_checksums(directory: Path) -> None:
+    """Record the size and digest of every file under `directory` (call when it is complete)."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    record = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "xxh3_64": _digest(p)} for p in files}
+    tmp = directory / (CHECKSUMS + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(record, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, directory / CHECKSUMS)
+
+
+def damage(directory: Path) -> Optional[str]:
+    """What is wrong with the checkpoint in `directory`, naming the file; None when intact."""
+    if not directory.is_dir():
+        return f"{directory.name}/ is missing"
+    state = directory / "state.json"
+    if not state.is_file():
+        return "state.json is missing"
+    try:
+        json.loads(state.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        return f"state.json is not readable JSON ({type(err).__name__})"
+    listed = directory / CHECKSUMS
+    if not listed.is_file():
+        return None  # written before checksums were recorded: read unverified
+    try:
+        record = json.loads(listed.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return f"{CHECKSUMS} is not readable JSON"
+    for name, want in record.items():
+        f = directory / name
+        if not f.is_file():
+            return f"{name} is missing"
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, {want['bytes']} were written"
+        if _digest(f) != want["xxh3_64"]:
+            return f"{name} does not match its checksum (its bytes changed after it was written)"
+    return None
+
+
+def _candidates(root: Path) -> List[Path]:
+    """`latest` first (when it names a directory), then every step directory, newest first."""
+    steps = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    latest = root / "latest"
+    first = [root / latest.read_text().strip()] if latest.is_file() else []
+    return first + [p for p in steps if p not in first]
+
+
+def newest_intact(root: Path) -> Tuple[Optional[Path], List[str]]:
+    """(the newest intact checkpoint under `root`, one line for each damaged one passed over).
+    (None, []) when there is no checkpoint at all; CheckpointError when none is intact."""
+    notes, problems = [], []
+    candidates = _candidates(root) if root.is_dir() else []
+    for path in candidates:
+        problem = damage(path)
+        if problem is None:
+            return path, notes
+        problems.append(f"{path.name}: {problem}")
+        notes.append(f"checkpoint {path} is damaged ({problem}); falling back to the one before it")
+    if candidates:
+        raise CheckpointError(f"no intact checkpoint in {root} ({'; '.join(problems)}); resume from another "
+                              f"checkpoint (resume=PATH) or start afresh in a new hydra.run.dir")
+    return None, notes
