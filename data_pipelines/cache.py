@@ -3,7 +3,12 @@
 Several ranks (also on several nodes sharing a filesystem) may ask for the same entry at
 once: the first to take the lock builds it into a temporary directory and renames it into
 place; the others wait on the lock and then find it ready. A crash mid-build leaves only a
-temporary directory, never a half-written entry.
+temporary directory, never a half-written entry; the next builder removes such leftovers
+(while it holds the lock, no other build of that entry can be running).
+
+An entry's `.complete` marker holds the size and checksum of each of its files, and every
+use verifies them: an entry whose files were truncated, replaced or deleted (or one written
+before markers held checksums) is rebuilt under the same lock, with one line saying so.
 """
 from __future__ import annotations
 
@@ -12,10 +17,15 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
+
+from zoo.checksums import manifest, mismatch
+
+MARKER = ".complete"
 
 
 def cache_root(configured: str | None = None) -> Path:
@@ -40,18 +50,36 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _damage(entry: Path) -> Optional[str]:
+    """Why `entry` cannot be used (None: it is complete and intact)."""
+    marker = entry / MARKER
+    if not marker.is_file():
+        return None if not entry.exists() else "it was never completed"
+    try:
+        record = json.loads(marker.read_text())
+    except ValueError:
+        return "its marker holds no checksums (written by an older zoo)"
+    return mismatch(entry, record) if isinstance(record, dict) else "its marker holds no checksums"
+
+
 def cached_dir(entry: Path, build: Callable[[Path], None]) -> Path:
-    """Return `entry`, building it with `build(tmp_dir)` first if it does not exist yet."""
-    if (entry / ".complete").exists():
+    """Return `entry`, building it with `build(tmp_dir)` first if it does not exist yet or
+    its files do not match the checksums written with it."""
+    if (entry / MARKER).exists() and _damage(entry) is None:
         return entry
     with _locked(entry.with_name(entry.name + ".lock")):
-        if (entry / ".complete").exists():
-            return entry
+        problem = _damage(entry)
+        if (entry / MARKER).exists() and problem is None:
+            return entry  # another process built it while this one waited
+        for leftover in entry.parent.glob(entry.name + ".tmp*"):  # of builds that were killed
+            shutil.rmtree(leftover, ignore_errors=True)
+        if problem is not None:
+            print(f"zoo: cache entry {entry} is unusable ({problem}); rebuilding it", file=sys.stderr, flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp", dir=entry.parent))
         try:
             build(tmp)
-            (tmp / ".complete").write_text("ok\n")
-            if entry.exists():  # a stale incomplete entry
+            (tmp / MARKER).write_text(json.dumps(manifest(tmp, exclude=(MARKER,)), indent=1))
+            if entry.exists():  # a stale or damaged entry
                 shutil.rmtree(entry)
             os.replace(tmp, entry)
         finally:

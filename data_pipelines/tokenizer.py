@@ -46,7 +46,15 @@ def train_gpt_tokenizer(docs: List[str], vocab_size: int, source_key: str, cache
 
 
 def _train_wordpiece(docs: List[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.WordPiece(unk_token=BERT_SPECIAL["unk_token"]))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)

@@ -13,7 +13,12 @@ import sys
 
 from tests.conftest import REPO
 from zoo.config.schema import Config
-from zoo.observe.tracking import credentials_configured, default_group, default_name, wandb_mode
+from zoo.observe.tracking import (
+    credentials_configured,
+    default_group,
+    default_name,
+    wandb_mode,
+)
 from zoo.parallel.topology import Layout
 
 FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",

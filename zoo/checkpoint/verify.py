@@ -15,26 +15,15 @@ import os
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from zoo.checksums import manifest, mismatch
 from zoo.errors import CheckpointError
 
 CHECKSUMS = "checksums.json"
-_CHUNK = 8 << 20
-
-
-def _digest(path: Path) -> str:
-    import xxhash
-
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_checksums(directory: Path) -> None:
     """Record the size and digest of every file under `directory` (call when it is complete)."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS)
-    record = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "xxh3_64": _digest(p)} for p in files}
+    record = manifest(directory, exclude=(CHECKSUMS,))
     tmp = directory / (CHECKSUMS + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(record, fh, indent=1)
@@ -61,16 +50,7 @@ def damage(directory: Path) -> Optional[str]:
         record = json.loads(listed.read_text())
     except (ValueError, UnicodeDecodeError):
         return f"{CHECKSUMS} is not readable JSON"
-    for name, want in record.items():
-        f = directory / name
-        if not f.is_file():
-            return f"{name} is missing"
-        size = f.stat().st_size
-        if size != want["bytes"]:
-            return f"{name} has {size} bytes, {want['bytes']} were written"
-        if _digest(f) != want["xxh3_64"]:
-            return f"{name} does not match its checksum (its bytes changed after it was written)"
-    return None
+    return mismatch(directory, record)
 
 
 def _candidates(root: Path) -> List[Path]:

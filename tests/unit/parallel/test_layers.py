@@ -14,8 +14,18 @@ import torch.nn.functional as F
 from tests.unit.parallel._dist import run_ranks
 from zoo.parallel import mappings as M
 from zoo.parallel.cross_entropy import vocab_parallel_cross_entropy
-from zoo.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from zoo.parallel.sharding import ShardSpec, shard_rows, shard_shape, shard_tensor, unshard_tensors
+from zoo.parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from zoo.parallel.sharding import (
+    ShardSpec,
+    shard_rows,
+    shard_shape,
+    shard_tensor,
+    unshard_tensors,
+)
 
 B, T, C, V = 2, 8, 12, 16
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
