@@ -14,24 +14,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-
-# Every run here shares one 20-step LR schedule (optim.decay_steps), whatever its max_steps,
-# so all of them must reproduce one uninterrupted 20-step run, step by step.
-STEPS = 20
-FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
-        f"optim.decay_steps={STEPS}", "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
-
-from tests.unit.test_checkpoint import ExecutesCode, after
-
-
-def losses_by_step(run) -> dict:
-    return {m["step"]: m["loss"] for m in run.metrics}
-
-
-@pytest.fixture(scope="module")
-def reference(run_zoo) -> dict:
-    """The uninterrupted run: losses by step."""
-    return losses_by_step(run_zoo(*FAST, f"trainer.max_steps={STEPS}"))
+from tests.e2e.checkpoint_runs import FAST, STEPS, after, losses_by_step
+from tests.unit.test_checkpoint import ExecutesCode
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +29,15 @@ def copy_run(written, tmp_path):
     return shutil.copytree(written.run_dir, tmp_path / "run")
 
 
-def test_exact_resume_is_bitwise(run_zoo, tmp_path, reference, written):
+def test_exact_resume_is_bitwise(run_zoo, tmp_path, checkpoint_reference, written):
     """Both ways of reading a checkpoint on the layout that wrote it: DeepSpeed's per-rank
     files (the default) and the layout-free files (checkpoint.native=false)."""
-    assert losses_by_step(written) == {s: reference[s] for s in (1, 2, 3)}
+    assert losses_by_step(written) == {s: checkpoint_reference[s] for s in (1, 2, 3)}
     run_dir = copy_run(written, tmp_path)
     resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=3", "checkpoint.native=true", "resume=auto",
                       run_dir=run_dir)
     assert "at step 3" in resumed.stdout and "read from its native files" in resumed.stdout
-    want = {s: reference[s] for s in (4, 5, 6)}
+    want = {s: checkpoint_reference[s] for s in (4, 5, 6)}
     assert after(losses_by_step(resumed), 3) == want  # identical floats
     step3 = written.run_dir / "checkpoints" / "step_0000003"
     portable = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.native=false", f"resume={step3}")
@@ -103,7 +87,7 @@ def test_a_pickle_in_one_ranks_optimizer_file_is_refused_by_that_rank(run_zoo, t
     assert not marker.exists() and "Traceback" not in bad.stderr
 
 
-def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache, reference):
+def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache, checkpoint_reference):
     every = [f"trainer.max_steps={STEPS}", "checkpoint.every=1", "checkpoint.keep=2"]
     run_dir = tmp_path / "killed"
     env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
@@ -121,10 +105,10 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_
     assert killed_at < STEPS, "the run finished before it was killed"
     resumed = run_zoo(*FAST, *every, "resume=auto", run_dir=run_dir)
     assert f"at step {killed_at}" in resumed.stdout
-    assert losses_by_step(resumed) == reference
+    assert losses_by_step(resumed) == checkpoint_reference
 
 
-def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path, reference, written):
+def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path, checkpoint_reference, written):
     run_dir = copy_run(written, tmp_path)
     ckpts = run_dir / "checkpoints"
     # What a kill during the write of step 4 leaves: a temporary directory, latest unmoved.
@@ -134,7 +118,7 @@ def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path, reference, w
     (partial / "state.json").unlink()
     resumed = run_zoo(*FAST, "trainer.max_steps=5", "resume=auto", run_dir=run_dir)
     assert "at step 3" in resumed.stdout and resumed.summary["steps"] == 5
-    assert after(losses_by_step(resumed), 3) == {4: reference[4], 5: reference[5]}
+    assert after(losses_by_step(resumed), 3) == {4: checkpoint_reference[4], 5: checkpoint_reference[5]}
 
 
 PP = ["parallel=pp", "parallel.num_microbatches=4"]
@@ -157,7 +141,7 @@ CHAIN = [
 assert 2 * len(CHAIN) == STEPS
 
 
-def test_resume_on_another_layout(run_zoo, tmp_path, reference):
+def test_resume_on_another_layout(run_zoo, tmp_path, checkpoint_reference):
     run_dir = tmp_path / "chain"
     for i, (layout, what) in enumerate(CHAIN):
         run = run_zoo(*FAST, *layout, "checkpoint.every=2", "checkpoint.native=true", f"trainer.max_steps={2 * (i + 1)}",
@@ -167,7 +151,7 @@ def test_resume_on_another_layout(run_zoo, tmp_path, reference):
         if i:
             assert f"at step {2 * i}" in run.stdout, what
             assert f"read from its {'native' if 'same' in what else 'layout-free'} files" in run.stdout, what
-        torch.testing.assert_close(torch.tensor([got[s] for s in mine]), torch.tensor([reference[s] for s in mine]),
+        torch.testing.assert_close(torch.tensor([got[s] for s in mine]), torch.tensor([checkpoint_reference[s] for s in mine]),
                                    rtol=1e-5, atol=0, msg=lambda m: f"{what}: {m}")
 
 

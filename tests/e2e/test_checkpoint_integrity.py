@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.e2e.test_checkpoint import FAST, losses_by_step, reference  # noqa: F401  (reference: a fixture)
+from tests.e2e.checkpoint_runs import FAST, losses_by_step
 
 pytestmark = pytest.mark.e2e
 
@@ -52,21 +52,21 @@ def _deleted_directory(step):
 
 @pytest.mark.parametrize("damage", [_truncate, _flip_4_kib, _garbage_state, _missing_state, _deleted_directory],
                          ids=lambda f: f.__name__.strip("_"))
-def test_resume_auto_falls_back_to_the_newest_intact_checkpoint(run_zoo, tmp_path, two_checkpoints, reference, damage):
+def test_resume_auto_falls_back_to_the_newest_intact_checkpoint(run_zoo, tmp_path, two_checkpoints, checkpoint_reference, damage):
     run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
     said = damage(run_dir / "checkpoints" / "step_0000004")
     resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=2", "resume=auto", run_dir=run_dir)
     assert said in resumed.stdout and "falling back" in resumed.stdout
     assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
-    assert {s: l for s, l in losses_by_step(resumed).items() if s > 2} == {s: reference[s] for s in (3, 4, 5, 6)}
+    assert {s: l for s, l in losses_by_step(resumed).items() if s > 2} == {s: checkpoint_reference[s] for s in (3, 4, 5, 6)}
 
 
-def test_without_latest_the_newest_intact_step_is_taken(run_zoo, tmp_path, two_checkpoints, reference):
+def test_without_latest_the_newest_intact_step_is_taken(run_zoo, tmp_path, two_checkpoints, checkpoint_reference):
     run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
     (run_dir / "checkpoints" / "latest").unlink()
     resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=2", "resume=auto", run_dir=run_dir)
     assert "at step 4" in resumed.stdout
-    assert {s: l for s, l in losses_by_step(resumed).items() if s > 4} == {s: reference[s] for s in (5, 6)}
+    assert {s: l for s, l in losses_by_step(resumed).items() if s > 4} == {s: checkpoint_reference[s] for s in (5, 6)}
 
 
 def _one_error_line(run) -> str:

@@ -1,5 +1,5 @@
-"""Checkpoints: exact resume (also after kill -9), resume on another layout, atomic writes,
-and refusing a checkpoint of another model."""
+"""Checkpoints without a training run: the weights-only guard over every torch.load, the data
+position across layouts, when DeepSpeed's native files are written."""
 from __future__ import annotations
 
 import os
@@ -8,17 +8,6 @@ import pytest
 import torch
 
 from data_pipelines.schedule import SampleStream, micro_batch_start
-
-# Every run here shares one 20-step LR schedule (optim.decay_steps), whatever its max_steps,
-# so all of them must reproduce one uninterrupted 20-step run, step by step.
-STEPS = 20
-FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
-        f"optim.decay_steps={STEPS}", "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
-
-
-def after(losses: dict, step: int) -> dict:
-    return {s: l for s, l in losses.items() if s > step}
-
 
 class ExecutesCode:
     """What a hostile pickle holds: unpickling it calls os.system."""
