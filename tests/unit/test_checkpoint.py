@@ -9,6 +9,7 @@ import torch
 
 from data_pipelines.schedule import SampleStream, micro_batch_start
 
+
 class ExecutesCode:
     """What a hostile pickle holds: unpickling it calls os.system."""
 
