@@ -150,6 +150,23 @@ def _hydra_main(dcfg: DictConfig) -> None:
     run(dcfg, HydraConfig.get().runtime.output_dir)
 
 
+def _take_local_rank(argv: list) -> list:
+    """The deepspeed launcher passes `--local_rank=N` (unless --no_local_rank): Hydra would
+    refuse it, so it is taken out here and kept as LOCAL_RANK, which the launcher also sets."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--local_rank=") or arg.startswith("--local-rank="):
+            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
+        elif arg in ("--local_rank", "--local-rank") and i + 1 < len(argv):
+            os.environ.setdefault("LOCAL_RANK", argv[i + 1])
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
 def _explicit_run_dir(argv) -> str | None:
     for arg in argv:
         if arg.startswith("hydra.run.dir="):
@@ -162,6 +179,7 @@ def main() -> None:
     from zoo.rundir import RunDirError, check_writable
 
     signals.install()  # before the slow imports: Slurm's warning may come during start-up
+    sys.argv[1:] = _take_local_rank(sys.argv[1:])
     run_dir = _explicit_run_dir(sys.argv[1:])
     # Hydra would fail on an unwritable run directory with a traceback. Without hydra.run.dir
     # the run goes under outputs/ in the working directory.

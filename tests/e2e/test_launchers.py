@@ -32,9 +32,12 @@ def test_torchrun_ranks_agree_on_one_run_dir(run_zoo, tmp_path):
 
 @pytest.mark.skipif(shutil.which("deepspeed", path=str(Path(sys.executable).parent)) is None,
                     reason="the deepspeed launcher script is not installed beside this python")
-def test_deepspeed_launcher(run_zoo, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--no_local_rank"]], ids=["as-the-readme-prints-it", "no-local-rank"])
+def test_deepspeed_launcher(run_zoo, tmp_path, flags):
+    """The README's line, `deepspeed --num_gpus 8 --module zoo.train parallel=zero2`, on 2
+    ranks: the launcher's --local_rank=N argument is taken out before Hydra sees it."""
     run_dir = tmp_path / "ds"
     launcher = Path(sys.executable).with_name("deepspeed")
-    run = run_zoo(cmd=[str(launcher), "--num_gpus", "2", "--no_local_rank", "--module", "zoo.train",
-                       f"hydra.run.dir={run_dir}", "parallel=zero2", *FAST], run_dir=run_dir)
+    run = run_zoo(cmd=[str(launcher), "--num_gpus", "2", *flags, "--module", "zoo.train", "parallel=zero2",
+                       f"hydra.run.dir={run_dir}", *FAST], run_dir=run_dir)
     assert (run.summary["world_size"], run.summary["zero_stage"]) == (2, 2)

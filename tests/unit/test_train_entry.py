@@ -1,4 +1,5 @@
-"""The local launcher's report of the first failing rank: one line, whatever the agent holds."""
+"""zoo.train's entry helpers: the one-line report of the first failing rank, the deepspeed launcher's
+argument taken out before Hydra."""
 from __future__ import annotations
 
 from zoo.train import _last_error_line
@@ -15,3 +16,13 @@ def test_an_error_file_record_gives_its_exception_line():
 
 def test_an_empty_message_says_so():
     assert _last_error_line({"message": ""}) == "(no message)" and _last_error_line(None) == "(no message)"
+
+def test_the_deepspeed_launchers_local_rank_argument_is_taken_out(monkeypatch):
+    import os
+
+    from zoo.train import _take_local_rank
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert _take_local_rank(["--local_rank=1", "parallel=zero2"]) == ["parallel=zero2"]
+    assert os.environ["LOCAL_RANK"] == "1"
+    assert _take_local_rank(["a=1", "--local_rank", "3", "b=2"]) == ["a=1", "b=2"]
