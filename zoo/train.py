@@ -147,7 +147,14 @@ def _hydra_main(dcfg: DictConfig) -> None:
     _task_started()
     from hydra.core.hydra_config import HydraConfig
 
-    run(dcfg, HydraConfig.get().runtime.output_dir)
+    # A Hydra sweep runs every job in this process: each starts from the environment the
+    # process started with (the local launcher sets RANK, WORLD_SIZE, ... for its ranks).
+    environ = dict(os.environ)
+    try:
+        run(dcfg, HydraConfig.get().runtime.output_dir)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def _take_local_rank(argv: list) -> list:
