@@ -53,9 +53,9 @@ def slow_loading_main() -> None:
     import dataclasses
 
     from zoo import families
-    from zoo.families.gpt.task import GPTTask
+    from zoo.families.causal_lm import CausalLMTask
 
-    class SlowLoadingGPT(GPTTask):
+    class SlowLoadingGPT(CausalLMTask):
         def collate(self, split, indices):
             if split == "train":
                 time.sleep(SLOW_COLLATE_S)

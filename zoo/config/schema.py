@@ -17,7 +17,7 @@ from omegaconf import MISSING
 @dataclass
 class ModelConfig:
     family: str = MISSING
-    """Model family: `gpt`, `bert` or `cnn`."""
+    """Model family: `gpt`, `llama`, `bert` or `cnn` (zoo.families)."""
     size: str = "tiny"
     """Named size preset of the family (GPT: tiny, small, medium, large, xl, gpt3-125m ... gpt3-175b;
     BERT: tiny, base, large; CNN: tiny, resnet18, resnet50)."""
@@ -27,6 +27,12 @@ class ModelConfig:
     """Override the preset's number of attention heads."""
     n_embd: Optional[int] = None
     """Override the preset's hidden size."""
+    n_kv_head: Optional[int] = None
+    """Llama: key/value heads (grouped-query attention; 1: multi-query), dividing n_head. None: the preset's."""
+    intermediate_size: Optional[int] = None
+    """Llama: the SwiGLU MLP's width. None: the preset's."""
+    rope_theta: Optional[float] = None
+    """Llama: the rotary embeddings' base. None: the preset's."""
     ffn_mult: int = 4
     """FFN width as a multiple of the hidden size."""
     block_size: Optional[int] = None

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Dict
 
 from zoo.errors import ConfigError
-from zoo.families import bert, cnn, gpt
+from zoo.families import bert, cnn, gpt, llama
 from zoo.families.spec import FamilySpec
 
-FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (gpt.SPEC, bert.SPEC, cnn.SPEC)}
+FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (gpt.SPEC, llama.SPEC, bert.SPEC, cnn.SPEC)}
 
 
 def family(name: str) -> FamilySpec:

@@ -153,19 +153,10 @@ class GPT(nn.Module):
         return masked_mean(self.loss_fn(logits, targets), targets)
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
-                 top_k: int = 40, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """Sample continuations (top-k, temperature) of the plain model."""
-        for _ in range(max_new_tokens):
-            ctx = idx[:, -self.shape.block_size:]
-            logits = self(ctx)[:, -1, :] / temperature
-            if top_k:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = F.softmax(logits.float(), dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)
-            idx = torch.cat([idx, nxt], dim=1)
-        return idx
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
+        from zoo.models.sampling import generate
+
+        return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
 
 
 def gpt_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,

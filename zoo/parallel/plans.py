@@ -70,6 +70,13 @@ def _sum_grad_over(group):
     return lambda grad: reduce_from_tp_region(grad, group)
 
 
+def _find_submodule(root: nn.Module, name: str) -> Optional[nn.Module]:
+    try:
+        return root.get_submodule(name)
+    except AttributeError:
+        return None
+
+
 def _find_parameter(root: nn.Module, name: str) -> Optional[nn.Parameter]:
     try:
         return root.get_parameter(name)
@@ -102,8 +109,9 @@ def apply_tp_plan(model: nn.Module, tp_group, *, plan: TPPlan,
     tie_parameters(model, plan)  # the tie survives the swap
     if hasattr(model, "loss_fn"):
         model.loss_fn = functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
-    if sequence_parallel and hasattr(model, plan.embedding):
-        model.get_submodule(plan.embedding).register_forward_hook(
+    embedding = _find_submodule(model, plan.embedding) if sequence_parallel else None
+    if embedding is not None:  # this module (or pipeline stage) holds the embedding
+        embedding.register_forward_hook(
             lambda _m, _i, out: scatter_to_sequence_parallel_region(out, tp_group))
     return model
 

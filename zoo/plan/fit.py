@@ -56,7 +56,8 @@ def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_s
         from zoo.checkpoint.hf import hf_meta
 
         _, meta = hf_meta(model.init_from)
-        model, vocab_size = dataclasses.replace(model, **meta), meta["vocab_size"]
+        keys = {f.name for f in dataclasses.fields(model)}
+        model, vocab_size = dataclasses.replace(model, **{k: v for k, v in meta.items() if k in keys}), meta["vocab_size"]
     fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction)

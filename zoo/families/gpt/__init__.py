@@ -3,8 +3,8 @@ packed token blocks; tensor parallelism by heads and MLP columns (vocab-parallel
 head and loss, optional sequence parallelism), `GPT2LMHeadModel` in and out, planned."""
 from __future__ import annotations
 
+from zoo.families.causal_lm import CausalLMTask
 from zoo.families.gpt import hf, plan
-from zoo.families.gpt.task import GPTTask
 from zoo.families.spec import FamilySpec, HFConverter
 from zoo.families.transformer import (
     check_transformer,
@@ -36,7 +36,7 @@ def _shape(cfg, vocab_size=None, pad_token_id=0) -> GPTShape:
 
 
 SPEC = FamilySpec(
-    name="gpt", model=GPT, shape_type=GPTShape, shape=_shape, task=GPTTask,
+    name="gpt", model=GPT, shape_type=GPTShape, shape=_shape, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: gpt_init_std(name, shape)),
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,

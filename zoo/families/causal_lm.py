@@ -1,6 +1,10 @@
-"""The GPT task: a causal language model on packed token blocks of the embedded corpus."""
+"""The causal language models' task (GPT, Llama): next-token prediction on packed token
+blocks of any text source, with a byte-level BPE trained on it (or the imported model's
+tokenizer); perplexities and a generated sample at the end. The model's shape comes from
+the family's spec, so every decoder family shares this task."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -13,14 +17,26 @@ import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
 from zoo.families.task import Batch, Task
-from zoo.families.transformer import padded_vocab, shape_from_config
-from zoo.models.gpt import GPTShape, gpt_shape
+from zoo.families.transformer import padded_vocab
 
 PROMPT = "The for statement"
 
 
-class GPTTask(Task):
-    family = "gpt"
+class CausalLMTask(Task):
+    @property
+    def spec(self):
+        from zoo.families import family
+
+        return family(self.cfg.model.family)
+
+    def _shape(self, meta=None):
+        """The model's shape: the imported model's (its config.json's fields), else the config's
+        with the tokenizer's vocabulary padded."""
+        cfg, spec = self.cfg, self.spec
+        if meta is None:
+            return spec.shape(cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
+        names = {f.name for f in dataclasses.fields(spec.shape_type)}
+        return spec.shape_type(**meta, **({"dropout": cfg.model.dropout} if "dropout" in names else {}))
 
     def prepare(self, run_dir: Path, rank: int) -> None:
         cfg = self.cfg
@@ -38,7 +54,7 @@ class GPTTask(Task):
         cfg, path = self.cfg, Path(self.cfg.data.path)
         self.init_state = None
         self.tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
-        self.shape = shape_from_config(gpt_shape, cfg.model, padded_vocab(len(self.tokenizer), cfg.model))
+        self.shape = self._shape()
         self.blocks = PreparedBlocks(path, self.shape.block_size, cfg.data.eval_fraction)
         self.data_counts = dict(self.blocks.meta.get("skipped", {}))
         if rank == 0 and not (run_dir / "tokenizer").exists():
@@ -59,11 +75,11 @@ class GPTTask(Task):
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.checkpoint.hf import read_hf
 
-            meta, self.init_state = read_hf(cfg.model.init_from, "gpt")
+            meta, self.init_state = read_hf(cfg.model.init_from, cfg.model.family)
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
-        block = meta["block_size"] if meta is not None else shape_from_config(gpt_shape, cfg.model).block_size
+        block = meta["block_size"] if meta is not None else self.spec.shape(cfg.model).block_size
         entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
                                       source_key=source_key, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
         if rank == 0 and not (run_dir / "tokenizer").exists():
@@ -73,13 +89,10 @@ class GPTTask(Task):
                 load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.blocks = load_packed_blocks(entry)
-        self.shape = (GPTShape(**meta, dropout=cfg.model.dropout) if meta is not None
-                      else shape_from_config(gpt_shape, cfg.model, padded_vocab(len(self.tokenizer), cfg.model)))
+        self.shape = self._shape(meta)
 
     def model_meta(self) -> dict:
-        s = self.shape
-        return {"n_layer": s.n_layer, "n_head": s.n_head, "n_embd": s.n_embd, "block_size": s.block_size,
-                "vocab_size": s.vocab_size, "ffn_mult": s.ffn_mult}
+        return {k: v for k, v in dataclasses.asdict(self.shape).items() if k != "dropout"}
 
     def final_metrics_need_weights(self) -> bool:
         return self.cfg.trainer.sample_tokens > 0  # perplexities come from the losses alone

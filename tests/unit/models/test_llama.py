@@ -1,0 +1,82 @@
+"""The Llama decoder: transformers' LlamaForCausalLM's logits from the same weights (GQA on),
+its layers as the pipeline cuts them, and tensor parallelism (with and without sequence
+parallelism) against tp=1: initial shards, logits, loss and every gradient."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.unit.parallel._dist import run_ranks
+from tests.unit.parallel.test_gpt_tp import _gather_grads
+from zoo.build import build_model, count_parameters
+from zoo.checkpoint.consolidate import full_parameters
+from zoo.models.llama import LLAMA_SIZES, LlamaForCausalLM, llama_shape
+from zoo.parallel.mappings import gather_from_tp_region
+
+CPU = torch.device("cpu")
+
+
+def _hf_twin(shape):
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM as HFLlama
+
+    config = LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.n_embd, intermediate_size=shape.intermediate_size,
+                         num_hidden_layers=shape.n_layer, num_attention_heads=shape.n_head,
+                         num_key_value_heads=shape.n_kv_head, max_position_embeddings=shape.block_size,
+                         rope_theta=shape.rope_theta, rms_norm_eps=shape.rms_norm_eps, tie_word_embeddings=False,
+                         attn_implementation="eager")
+    torch.manual_seed(0)
+    return HFLlama(config).eval()
+
+
+def test_logits_equal_transformers_llama_with_grouped_query_attention():
+    shape = llama_shape("tiny", 512, n_layer=2)
+    assert (shape.n_head, shape.n_kv_head) == (4, 2)
+    hf = _hf_twin(shape)
+    ours = LlamaForCausalLM(shape).eval()
+    missing, unexpected = ours.load_state_dict(hf.state_dict(), strict=False)
+    assert not missing and all(k.endswith("rotary_emb.inv_freq") for k in unexpected), (missing, unexpected)
+    idx = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, rtol=1e-4, atol=1e-4)
+    assert count_parameters(shape) == sum(p.numel() for p in hf.parameters())
+
+
+@pytest.mark.parametrize("size", sorted(LLAMA_SIZES))
+def test_named_sizes_have_whole_even_heads(size):
+    shape = llama_shape(size, 32000)
+    assert shape.n_head % shape.n_kv_head == 0 and shape.n_embd % shape.n_head == 0 and shape.head_dim % 2 == 0
+
+
+def test_pipeline_layers_hold_every_parameter_once():
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(llama_shape("tiny", 512))
+    held = [n for layer in meta.pipeline_layers() for path in layer.paths
+            for n, _ in meta.get_submodule(path).named_parameters(prefix=path)]
+    assert sorted(held) == sorted(n for n, _ in meta.named_parameters())
+
+
+def _equivalence(rank, world, sequence_parallel):
+    group = dist.group.WORLD
+    shape = llama_shape("tiny", 256, n_layer=2, block_size=16)
+    ref = build_model(shape, seed=11, device=CPU)
+    tp = build_model(shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
+    full = full_parameters(tp, group)
+    for name, p in ref.named_parameters():
+        assert torch.equal(full[name], p.detach()), f"initial shard of {name} is not the slice of tp=1"
+    idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    tgt = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(gather_from_tp_region(tp(idx), group), ref(idx), rtol=1e-5, atol=1e-5)
+    ref(idx, tgt).backward()
+    loss = tp(idx, tgt)
+    loss.backward()
+    torch.testing.assert_close(loss, ref(idx, tgt), rtol=1e-5, atol=1e-6)
+    grads = _gather_grads(tp, group)
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_llama_tp2_matches_tp1(sequence_parallel):
+    run_ranks(2, _equivalence, sequence_parallel)

@@ -1,0 +1,89 @@
+"""The Llama family: a Llama-style decoder (`zoo.models.llama`: RMSNorm, RoPE, SwiGLU,
+grouped-query attention) as a causal language model on the same data as GPT; tensor
+parallelism by heads (each rank holds whole query heads and the key/value heads they use)
+and MLP columns, vocab-parallel embedding, head and loss, sequence parallelism;
+`LlamaForCausalLM` in and out."""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from zoo.errors import ConfigError
+from zoo.families.causal_lm import CausalLMTask
+from zoo.families.llama import hf
+from zoo.families.spec import FamilySpec, HFConverter
+from zoo.families.transformer import PLACEHOLDER_VOCAB, check_transformer, imported_dims
+from zoo.models.llama import (
+    LlamaForCausalLM,
+    LlamaShape,
+    llama_flops_per_token,
+    llama_init_std,
+    llama_shape,
+)
+from zoo.parallel.cross_entropy import TokenLoss
+from zoo.parallel.plans import TPPlan
+
+TP_PLAN = TPPlan(
+    layers=(
+        ("model.embed_tokens", "vocab"),
+        ("model.layers.*.self_attn.q_proj", "column"),
+        ("model.layers.*.self_attn.k_proj", "column"),
+        ("model.layers.*.self_attn.v_proj", "column"),
+        ("model.layers.*.self_attn.o_proj", "row"),
+        ("model.layers.*.mlp.gate_proj", "column"),
+        ("model.layers.*.mlp.up_proj", "column"),
+        ("model.layers.*.mlp.down_proj", "row"),
+        ("lm_head", "head"),
+    ),
+    embedding="model.embed_tokens",
+    # Replicated, but with sequence parallelism they see only this rank's share of the sequence.
+    sequence_parallel_norms=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm",
+                             "model.norm"),
+)
+
+
+def _shape(cfg, vocab_size=None, pad_token_id=0) -> LlamaShape:
+    return llama_shape(cfg.size, vocab_size or PLACEHOLDER_VOCAB, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                       n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, intermediate_size=cfg.intermediate_size,
+                       block_size=cfg.block_size, rope_theta=cfg.rope_theta)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def check(cfg, layout, warnings: List[str]) -> Tuple[int, str]:
+    """The transformer checks, then grouped-query attention and RoPE."""
+    m = cfg.model
+    try:
+        shape = imported_dims(SPEC, m) if m.init_from else _shape(m, m.vocab_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    _require(shape.n_kv_head >= 1 and shape.n_head % shape.n_kv_head == 0,
+             f"model.n_kv_head={shape.n_kv_head} does not divide model.n_head={shape.n_head}; choose n_kv_head among "
+             f"{[d for d in range(1, shape.n_head + 1) if shape.n_head % d == 0]}")
+    _require(shape.n_embd % shape.n_head == 0 and shape.head_dim % 2 == 0,
+             f"model.n_embd={shape.n_embd} / model.n_head={shape.n_head} gives head size {shape.n_embd / shape.n_head:g}; "
+             f"rotary embeddings need an even whole head size")
+    _require(m.dropout == 0, f"model.dropout={m.dropout}: the Llama family has no dropout; set model.dropout=0")
+    if layout.tp > 1:
+        _require(shape.n_kv_head % layout.tp == 0,
+                 f"parallel.tp={layout.tp} does not divide model.n_kv_head={shape.n_kv_head}: each rank holds whole "
+                 f"key/value heads (replicating them per rank is not supported yet); choose tp among "
+                 f"{[d for d in range(1, shape.n_kv_head + 1) if shape.n_kv_head % d == 0]}")
+    return check_transformer(SPEC, cfg, layout, warnings)
+
+
+def _flops_per_sample(task):
+    tokens = task.tokens_per_sample()
+    return tokens * llama_flops_per_token(task.shape, task.num_params(), tokens), "6N + 12*L*H*Q*T"
+
+
+SPEC = FamilySpec(
+    name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=_shape, task=CausalLMTask,
+    init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
+    data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,
+    pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN,
+    hf=HFConverter(model_types=("llama",), loads_as="LlamaForCausalLM", meta_from_config=hf.meta_from_config,
+                   to_hf=hf.to_hf, from_hf=hf.from_hf),
+)

@@ -1,0 +1,199 @@
+"""The Llama decoder as a plain single-device module, and its named sizes.
+
+Pre-RMSNorm blocks, rotary position embeddings (`rope_theta`), a SwiGLU MLP with its own
+intermediate size, grouped-query attention (`n_kv_head` key/value heads shared by groups of
+`n_head / n_kv_head` query heads; 1: multi-query), no biases, untied input and output
+embeddings. Parameter names mirror transformers' `LlamaForCausalLM`, so export and import
+are plain copies. Nothing here knows about parallelism: under tensor parallelism each rank
+holds whole query heads and the key/value heads they use (`zoo.families.llama`), and RoPE
+runs inside attention on the whole sequence, so its positions are right also under
+sequence parallelism.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from zoo.models.losses import cross_entropy_per_token, masked_mean
+from zoo.models.stages import PipeLayer, run_layers
+
+# name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta), from each
+# model's published config.json: HuggingFaceTB/SmolLM-135M, TinyLlama/TinyLlama-1.1B (v1.0),
+# meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B, meta-llama/Llama-2-70b-hf.
+LLAMA_SIZES = {
+    "tiny": (4, 4, 2, 128, 352, 128, 10000.0),
+    "smollm-135m": (30, 9, 3, 576, 1536, 2048, 10000.0),
+    "tinyllama-1.1b": (22, 32, 4, 2048, 5632, 2048, 10000.0),
+    "llama2-7b": (32, 32, 32, 4096, 11008, 4096, 10000.0),
+    "llama3-8b": (32, 32, 8, 4096, 14336, 8192, 500000.0),
+    "llama2-70b": (80, 64, 8, 8192, 28672, 4096, 10000.0),
+}
+RMS_NORM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """Resolved dimensions of one Llama."""
+
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    n_embd: int
+    intermediate_size: int
+    block_size: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = RMS_NORM_EPS
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.intermediate_size
+
+
+def llama_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,
+                n_kv_head: Optional[int] = None, n_embd: Optional[int] = None,
+                intermediate_size: Optional[int] = None, block_size: Optional[int] = None,
+                rope_theta: Optional[float] = None, **_ignored) -> LlamaShape:
+    if size not in LLAMA_SIZES:
+        raise ValueError(f"model.size={size!r} is not a Llama size; choose one of {sorted(LLAMA_SIZES)}")
+    L, H, K, C, inter, T, theta = LLAMA_SIZES[size]
+    pick = lambda override, preset: preset if override is None else override  # noqa: E731
+    return LlamaShape(n_layer=pick(n_layer, L), n_head=pick(n_head, H), n_kv_head=pick(n_kv_head, K),
+                      n_embd=pick(n_embd, C), intermediate_size=pick(intermediate_size, inter),
+                      block_size=pick(block_size, T), vocab_size=vocab_size, rope_theta=pick(rope_theta, theta))
+
+
+def llama_init_std(name: str, shape: LlamaShape) -> Optional[float]:
+    """N(0, 0.02) for every matrix (transformers' initializer_range); None for the RMSNorm weights (ones)."""
+    return 0.02 if name.endswith(".weight") and "norm" not in name else None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()  # in float32, as transformers' LlamaRMSNorm
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple:
+    """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1."""
+    T, d = q.shape[-2], q.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d))
+    freqs = torch.outer(torch.arange(T, device=q.device, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)  # (T, head_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        d, kv = shape.head_dim, shape.n_kv_head * shape.head_dim
+        self.head_dim, self.theta = d, shape.rope_theta
+        self.groups = shape.n_head // shape.n_kv_head  # query heads per key/value head
+        self.q_proj = nn.Linear(shape.n_embd, shape.n_embd, bias=False)
+        self.k_proj = nn.Linear(shape.n_embd, kv, bias=False)
+        self.v_proj = nn.Linear(shape.n_embd, kv, bias=False)
+        self.o_proj = nn.Linear(shape.n_embd, shape.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        B, T, _ = q.shape  # the whole sequence: under sequence parallelism x holds a shard of it
+        # (B, heads_local, T, hs): under TP each rank holds whole query heads and their kv heads
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k = apply_rope(q, k, self.theta)
+        k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.n_embd, shape.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(shape.n_embd, shape.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(shape.intermediate_size, shape.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.n_embd, shape.rms_norm_eps)
+        self.self_attn = LlamaAttention(shape)
+        self.post_attention_layernorm = RMSNorm(shape.n_embd, shape.rms_norm_eps)
+        self.mlp = LlamaMLP(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """The decoder body (`model.` in transformers' names)."""
+
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.n_embd)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(shape) for _ in range(shape.n_layer))
+        self.norm = RMSNorm(shape.n_embd, shape.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """`forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss."""
+
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        if shape.n_head % shape.n_kv_head:
+            raise ValueError(f"n_head={shape.n_head} is not a multiple of n_kv_head={shape.n_kv_head}")
+        self.shape = shape
+        self.model = LlamaModel(shape)
+        self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)  # untied
+        # Replaced by the vocab-parallel loss when the head is sharded.
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
+        self.activation_checkpointing = False
+
+    def pipeline_layers(self) -> List[PipeLayer]:
+        """The forward in order: token embeddings, decoder layers, final RMSNorm, the output head."""
+        return [PipeLayer(("model.embed_tokens",)),
+                *(PipeLayer((f"model.layers.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
+                PipeLayer(("model.norm",)), PipeLayer(("lm_head",))]
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        T = idx.shape[1]
+        assert T <= self.shape.block_size, f"sequence length {T} > block_size {self.shape.block_size}"
+        logits = run_layers(self, self.pipeline_layers(), idx, activation_checkpointing=self.activation_checkpointing)
+        if targets is None:
+            return logits
+        return masked_mean(self.loss_fn(logits, targets), targets)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
+        from zoo.models.sampling import generate
+
+        return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
+
+
+def llama_flops_per_token(shape: LlamaShape, params: int, seq_len: int) -> float:
+    """6N + 12*L*H*Q*T: no position table to leave out of N (rotary positions are computed)."""
+    return 6 * params + 12 * shape.n_layer * shape.n_head * shape.head_dim * seq_len
+
