@@ -57,12 +57,12 @@ def test_layout_matches_single_process_per_step(family_run, family, preset):
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-5, atol=0)
     ref_w, w = load_file(ref.run_dir / "model.safetensors"), load_file(run.run_dir / "model.safetensors")
     assert w.keys() == ref_w.keys()
-    # Within 1e-4 of each tensor's scale. Element-wise bars below that measure the order in
-    # which gradient clipping sums the squared gradients: per pipeline stage, then across
-    # stages; with clipping off BERT's pp=2 weights are within 1.2e-7 of one process.
+    # Element-wise within rtol 1e-4 and atol 1e-6, or 1e-4 of the tensor's scale where that is
+    # larger: below it, the bar measures the order in which gradient clipping sums the squared
+    # gradients (per pipeline stage, then across stages; BERT pp=2 with clipping off: 1.2e-7).
     for name in ref_w:
-        scale = float(ref_w[name].float().abs().max()) or 1.0
-        torch.testing.assert_close(w[name], ref_w[name], rtol=1e-4, atol=1e-4 * scale, msg=name)
+        atol = max(1e-6, 1e-4 * float(ref_w[name].float().abs().max()))
+        torch.testing.assert_close(w[name], ref_w[name], rtol=1e-4, atol=atol, msg=name)
 
 
 def test_bert_3d_matches_single_process(family_run):
