@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import torch
 from tests.conftest import REPO
 from tests.e2e.checkpoint_runs import FAST, STEPS, after, losses_by_step
 from tests.unit.test_checkpoint import ExecutesCode
+from zoo.checkpoint.verify import write_checksums
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +52,7 @@ def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, writt
     marker = tmp_path / "code-ran"
     for f in (run_dir / "checkpoints" / "step_0000003" / "native").glob("*model_states.pt"):
         torch.save({"module": ExecutesCode(marker)}, f)
+    write_checksums(run_dir / "checkpoints" / "step_0000003")  # as a hostile checkpoint would come
     bad = run_zoo(*FAST, "trainer.max_steps=4", "checkpoint.native=true", "resume=auto", run_dir=run_dir, check=False)
     assert bad.returncode == 2 and "refused to load" in bad.stderr and "checkpoint.native=false" in bad.stderr
     assert not marker.exists() and "Traceback" not in bad.stderr
@@ -81,10 +84,28 @@ def test_a_pickle_in_one_ranks_optimizer_file_is_refused_by_that_rank(run_zoo, t
     rank1 = [f for f in native.glob("*optim_states.pt") if "pp_rank_1_" in f.name]
     assert len(rank1) == 1, sorted(p.name for p in native.iterdir())
     torch.save({"optimizer_state_dict": ExecutesCode(marker)}, rank1[0])
-    bad = run_zoo(*FAST, *zero1, "trainer.max_steps=3", "resume=auto", run_dir=run_dir, check=False)
-    assert bad.returncode == 2, bad.stderr[-3000:]
-    assert "rank 1 refused to load" in bad.stderr and rank1[0].name in bad.stderr
-    assert not marker.exists() and "Traceback" not in bad.stderr
+    # The checksums recorded at save time already catch the changed file ...
+    caught = run_zoo(*FAST, *zero1, "trainer.max_steps=3", "resume=auto", run_dir=run_dir, check=False)
+    assert caught.returncode == 2 and f"{rank1[0].name} does not match its checksum" in caught.stderr
+    # ... and a hostile checkpoint whose checksums were written to match is refused by the unpickler.
+    write_checksums(native.parent)
+    for launcher in ([], ["torchrun"]):
+        bad = run_zoo(*FAST, *zero1, "trainer.max_steps=3", "resume=auto", run_dir=run_dir, check=False,
+                      cmd=_torchrun(run_dir, *FAST, *zero1, "trainer.max_steps=3", "resume=auto") if launcher else None)
+        assert bad.returncode == 2, bad.stderr[-3000:]
+        assert "rank 1 refused to load" in bad.stderr and rank1[0].name in bad.stderr, bad.stderr[-3000:]
+        assert not marker.exists()
+        # torchrun reports a failed rank with a traceback of its own; no frame comes from zoo's ranks.
+        assert not re.search(r'File ".*/zoo/', bad.stderr) and (launcher or "Traceback" not in bad.stderr)
+
+
+def _torchrun(run_dir, *overrides):
+    """The same run as one rank per process under torchrun (2 ranks: dp comes from the world size)."""
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train", f"hydra.run.dir={run_dir}",
+            "trainer.progress=false", *overrides]
 
 
 def test_kill_9_then_resume_matches_an_uninterrupted_run(run_zoo, tmp_path, zoo_cache, checkpoint_reference):
