@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zoo.models.losses import cross_entropy_per_token, masked_mean
-from zoo.models.stages import PipeLayer, run_layers
+from zoo.models.causal_lm import CausalLM
+from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_embd, block_size)
 GPT_SIZES = {
@@ -120,20 +120,16 @@ def _logits(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return root.lm_head(x)  # (B, T, V): vocab-sharded under tensor parallelism
 
 
-class GPT(nn.Module):
+class GPT(CausalLM):
     """GPT-2. `forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss."""
 
     def __init__(self, shape: GPTShape):
-        super().__init__()
-        self.shape = shape
+        super().__init__(shape)
         self.embed = Embeddings(shape)
         self.h = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
         self.ln_f = nn.LayerNorm(shape.n_embd, eps=1e-5)
         self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
         self.lm_head.weight = self.embed.wte.weight  # tied
-        # Replaced by the vocab-parallel loss when the head is sharded.
-        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
-        self.activation_checkpointing = False
 
     def pipeline_layers(self) -> List[PipeLayer]:
         """The forward in order: embeddings, blocks, final LayerNorm, the output head (tied
@@ -143,20 +139,6 @@ class GPT(nn.Module):
                 *(PipeLayer((f"h.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
                 PipeLayer(("ln_f",)),
                 PipeLayer(("embed.wte", "lm_head"), run=_logits, **tie)]
-
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
-        T = idx.shape[1]
-        assert T <= self.shape.block_size, f"sequence length {T} > block_size {self.shape.block_size}"
-        logits = run_layers(self, self.pipeline_layers(), idx, activation_checkpointing=self.activation_checkpointing)
-        if targets is None:
-            return logits
-        return masked_mean(self.loss_fn(logits, targets), targets)
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
-        from zoo.models.sampling import generate
-
-        return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
 
 
 def gpt_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,

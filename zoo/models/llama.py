@@ -12,14 +12,14 @@ sequence parallelism.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zoo.models.losses import cross_entropy_per_token, masked_mean
-from zoo.models.stages import PipeLayer, run_layers
+from zoo.models.causal_lm import CausalLM
+from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta), from each
 # model's published config.json: HuggingFaceTB/SmolLM-135M, TinyLlama/TinyLlama-1.1B (v1.0),
@@ -158,39 +158,21 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(shape.n_embd, shape.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """`forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss."""
 
     def __init__(self, shape: LlamaShape):
-        super().__init__()
         if shape.n_head % shape.n_kv_head:
             raise ValueError(f"n_head={shape.n_head} is not a multiple of n_kv_head={shape.n_kv_head}")
-        self.shape = shape
+        super().__init__(shape)
         self.model = LlamaModel(shape)
         self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)  # untied
-        # Replaced by the vocab-parallel loss when the head is sharded.
-        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
-        self.activation_checkpointing = False
 
     def pipeline_layers(self) -> List[PipeLayer]:
         """The forward in order: token embeddings, decoder layers, final RMSNorm, the output head."""
         return [PipeLayer(("model.embed_tokens",)),
                 *(PipeLayer((f"model.layers.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
                 PipeLayer(("model.norm",)), PipeLayer(("lm_head",))]
-
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
-        T = idx.shape[1]
-        assert T <= self.shape.block_size, f"sequence length {T} > block_size {self.shape.block_size}"
-        logits = run_layers(self, self.pipeline_layers(), idx, activation_checkpointing=self.activation_checkpointing)
-        if targets is None:
-            return logits
-        return masked_mean(self.loss_fn(logits, targets), targets)
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
-        from zoo.models.sampling import generate
-
-        return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
 
 
 def llama_flops_per_token(shape: LlamaShape, params: int, seq_len: int) -> float:

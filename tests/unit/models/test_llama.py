@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tests.unit.parallel._dist import run_ranks
-from tests.unit.parallel.test_gpt_tp import _gather_grads
-from zoo.build import build_model, count_parameters
-from zoo.checkpoint.consolidate import full_parameters
+from tests.unit.parallel.test_gpt_tp import check_tp_equivalence
+from zoo.build import count_parameters
 from zoo.models.llama import LLAMA_SIZES, LlamaForCausalLM, llama_shape
-from zoo.parallel.mappings import gather_from_tp_region
 
 CPU = torch.device("cpu")
 
@@ -58,23 +55,7 @@ def test_pipeline_layers_hold_every_parameter_once():
 
 
 def _equivalence(rank, world, sequence_parallel):
-    group = dist.group.WORLD
-    shape = llama_shape("tiny", 256, n_layer=2, block_size=16)
-    ref = build_model(shape, seed=11, device=CPU)
-    tp = build_model(shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
-    full = full_parameters(tp, group)
-    for name, p in ref.named_parameters():
-        assert torch.equal(full[name], p.detach()), f"initial shard of {name} is not the slice of tp=1"
-    idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
-    tgt = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(gather_from_tp_region(tp(idx), group), ref(idx), rtol=1e-5, atol=1e-5)
-    ref(idx, tgt).backward()
-    loss = tp(idx, tgt)
-    loss.backward()
-    torch.testing.assert_close(loss, ref(idx, tgt), rtol=1e-5, atol=1e-6)
-    grads = _gather_grads(tp, group)
-    for name, p in ref.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    check_tp_equivalence(llama_shape("tiny", 256, n_layer=2, block_size=16), sequence_parallel)
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

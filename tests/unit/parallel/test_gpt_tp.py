@@ -30,16 +30,17 @@ def _gather_grads(model, group):
     return out
 
 
-def _equivalence(rank, world, sequence_parallel):
+def check_tp_equivalence(shape, sequence_parallel: bool) -> None:
+    """On every rank of the world group: the tp-sharded model of `shape` against the same model
+    at tp=1 (same seed, same batch): initial shards, logits, loss and every gradient."""
     group = dist.group.WORLD
-    shape = gpt_shape("tiny", 256, n_layer=2, block_size=16)
     ref = build_model(shape, seed=11, device=CPU)
     tp = build_model(shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
     full = full_parameters(tp, group)
     for name, p in ref.named_parameters():
         assert torch.equal(full[name], p.detach()), f"initial shard of {name} is not the slice of tp=1"
-    idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
-    tgt = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(0, shape.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    tgt = torch.randint(0, shape.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(gather_from_tp_region(tp(idx), group), ref(idx), rtol=1e-5, atol=1e-5)
     ref(idx, tgt).backward()
     loss = tp(idx, tgt)
@@ -48,6 +49,10 @@ def _equivalence(rank, world, sequence_parallel):
     grads = _gather_grads(tp, group)
     for name, p in ref.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def _equivalence(rank, world, sequence_parallel):
+    check_tp_equivalence(gpt_shape("tiny", 256, n_layer=2, block_size=16), sequence_parallel)
 
 
 def _collectives_per_layer(rank, world):

@@ -1,0 +1,56 @@
+"""What the decoder-only language models share: a base module whose forward runs the model's
+own layer list (`pipeline_layers()`, zoo.models.stages) to logits or to the mean token loss,
+and sampling from it."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from zoo.models.losses import cross_entropy_per_token, masked_mean
+from zoo.models.stages import run_layers
+
+
+class CausalLM(nn.Module):
+    """`forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss over the
+    positions whose target is not -100. Subclasses build their modules and list them."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+        # Replaced by the vocab-parallel loss when the head is sharded.
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
+        self.activation_checkpointing = False
+
+    def pipeline_layers(self):
+        raise NotImplementedError
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        T = idx.shape[1]
+        assert T <= self.shape.block_size, f"sequence length {T} > block_size {self.shape.block_size}"
+        logits = run_layers(self, self.pipeline_layers(), idx, activation_checkpointing=self.activation_checkpointing)
+        if targets is None:
+            return logits
+        return masked_mean(self.loss_fn(logits, targets), targets)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
+        return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
+
+
+@torch.no_grad()
+def generate(model, idx: torch.Tensor, max_new_tokens: int, *, block_size: int, temperature: float = 0.8,
+             top_k: int = 40, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Sample continuations (top-k, temperature), feeding at most `block_size` tokens back."""
+    for _ in range(max_new_tokens):
+        ctx = idx[:, -block_size:]
+        logits = model(ctx)[:, -1, :] / temperature
+        if top_k:
+            kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = F.softmax(logits.float(), dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=generator)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx
