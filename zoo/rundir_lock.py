@@ -42,6 +42,19 @@ class RunDirLock:
         self.fd = fd
         return self
 
+    def in_use(self) -> bool:
+        """Whether a running run holds the lock now (takes nothing)."""
+        if not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the shared lock if it was taken
+        return False
+
     def release(self) -> None:
         if self.fd is None:
             return

@@ -38,12 +38,24 @@ def _fail(message: str, run_dir: str | None) -> None:
     sys.exit(2)
 
 
-def _refuse_overwriting_checkpoints(run_dir: str) -> None:
-    """A fresh start never writes over a run's checkpoints: continuing is resume=auto."""
+RUN_RESULTS = ("summary.json", "metrics.jsonl", "model.safetensors")  # what a run that trained leaves
+
+
+def _refuse_overwriting(run_dir: str) -> None:
+    """A fresh start never writes over an earlier run's checkpoints or results (a run still
+    going there is refused by its lock instead, naming it)."""
+    from zoo.rundir_lock import RunDirLock
+
+    if RunDirLock(run_dir).in_use():
+        return
     steps = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir())
     if steps:
         _fail(f"hydra.run.dir={run_dir} already holds checkpoints ({', '.join(steps[-3:])}); a fresh start would "
               f"write over them: continue that run with resume=auto, or start in another hydra.run.dir", run_dir)
+    results = [name for name in RUN_RESULTS if (Path(run_dir) / name).exists()]
+    if results:
+        _fail(f"hydra.run.dir={run_dir} already holds a run's results ({', '.join(results)}); a fresh start would "
+              f"write over them: start in another hydra.run.dir (or remove that run)", run_dir)
 
 
 def _free_port() -> int:
@@ -69,7 +81,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
             raise
         _fail(str(err), run_dir)
     if not cfg.resume:
-        _refuse_overwriting_checkpoints(run_dir)
+        _refuse_overwriting(run_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         from zoo.plan import device_memory_bytes, fit_warning

@@ -83,6 +83,15 @@ def test_a_fresh_start_never_writes_over_checkpoints(run_zoo, tmp_path, two_chec
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+def test_a_fresh_start_never_writes_over_a_finished_runs_results(run_zoo, tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_zoo(*FAST, "trainer.max_steps=1", run_dir=run_dir)  # no checkpoints: results only
+    before = {p: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    line = _one_error_line(run_zoo(*FAST, "trainer.max_steps=1", "trainer.seed=7", run_dir=run_dir, check=False))
+    assert "already holds a run's results" in line and "summary.json" in line
+    assert {p: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before and first.summary["steps"] == 1
+
+
 def test_a_damaged_checkpoint_named_explicitly_is_refused(run_zoo, tmp_path, two_checkpoints):
     run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
     step = run_dir / "checkpoints" / "step_0000004"
