@@ -86,7 +86,7 @@ def test_a_pickle_in_one_ranks_optimizer_file_is_refused_by_that_rank(run_zoo, t
     torch.save({"optimizer_state_dict": ExecutesCode(marker)}, rank1[0])
     # The checksums recorded at save time already catch the changed file ...
     caught = run_zoo(*FAST, *zero1, "trainer.max_steps=3", "resume=auto", run_dir=run_dir, check=False)
-    assert caught.returncode == 2 and f"{rank1[0].name} does not match its checksum" in caught.stderr
+    assert caught.returncode == 2 and f"{rank1[0].name} has" in caught.stderr and "no intact checkpoint" in caught.stderr
     # ... and a hostile checkpoint whose checksums were written to match is refused by the unpickler.
     write_checksums(native.parent)
     for launcher in ([], ["torchrun"]):

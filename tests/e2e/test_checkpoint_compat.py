@@ -37,6 +37,9 @@ def losses(run) -> dict:
                                                              "checkpoint.native=true"], False)])
 def test_a_checkpoint_of_the_old_code_resumes(run_zoo, old_tree, tmp_path, family, layout, exact):
     common = [*FAST, f"model={family}", *layout, "trainer.max_steps=4"]
+    # Today's code builds the data cache first, so that both read the same entries (an entry
+    # with the old code's marker would be rebuilt, and BERT's rebuild is not bitwise the same).
+    run_zoo(*FAST, f"model={family}", "trainer.max_steps=0", "checkpoint.save_final=false", run_dir=tmp_path / "warm")
     old = run_zoo(*common, "checkpoint.every=2", cwd=old_tree, env={"PYTHONPATH": str(old_tree)})
     written = old.run_dir / "checkpoints" / "step_0000002"
     assert written.is_dir()

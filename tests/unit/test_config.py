@@ -94,7 +94,7 @@ def check(cfg: Config, world=None, cuda=False):
     # The other families: what each refuses, and why.
     (["model=cnn", "parallel=tp"], r"parallel.tp=2 with model.family=cnn: .* data parallelism is the right tool"),
     (["model=cnn", "parallel=3d"], r"parallel.tp=2 with model.family=cnn"),
-    (["model=bert", "parallel=tp", "parallel.sequence_parallel=true"], r"implemented for model.family in \['gpt'\] only"),
+    (["model=bert", "parallel=tp", "parallel.sequence_parallel=true"], r"implemented for model.family in \['gpt', 'llama'\] only"),
     (["model=cnn", "data=pydoc"], r"data.name='pydoc' does not fit model.family=cnn, which reads images"),
     (["model=bert", "data=digits"], r"data.name='digits' does not fit model.family=bert, which reads text"),
     (["model=cnn", "data=files"], r"data.name=files needs data.path"),
@@ -147,7 +147,7 @@ def test_init_from_is_checked_with_the_imported_models_dimensions(tmp_path):
     cases = [
         (["model.init_from=" + str(tmp_path / "nothing")], r"model.init_from=.*nothing: no config.json there"),
         (["model=bert", f"model.init_from={gpt2}"], r"holds a gpt model and model.family=bert; use model=gpt"),
-        ([f"model.init_from={_hf_dir(tmp_path / 'llama', model_type='llama')}"], r"model_type 'llama' is not supported"),
+        ([f"model.init_from={_hf_dir(tmp_path / 't5', model_type='t5')}"], r"model_type 't5' is not supported"),
         ([f"model.init_from={_hf_dir(tmp_path / 'broken', model_type='gpt2', n_layer=2)}"], r"its config.json has no 'n_head'"),
         (["parallel=tp", f"model.init_from={gpt2}"],
          r"parallel.tp=2 does not divide the vocabulary of model.init_from=.*\(50257 tokens\).*pad_to_multiple_of=256"),
