@@ -226,6 +226,7 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
     it. Returns how it was read: "native" (DeepSpeed's per-rank shards: the layout that wrote
     it, native_key, is this one) or "layout-free"."""
     if native_key is not None and native_checkpoint.usable(path, state, native_key):
+        _refuse_pickles(path)
         try:
             native_checkpoint.load(engine, path)
         except pickle.UnpicklingError as err:
@@ -249,6 +250,21 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
     torch.set_rng_state(rngs[key])
     engine.global_steps = state["step"]
     return how
+
+
+def _refuse_pickles(path: Path) -> None:
+    """Before DeepSpeed reads a native file, the ranks check all of them (each its share) with
+    the weights-only unpickler and agree: a hostile file of any rank stops every rank alike,
+    with one line, before any rank waits in a collective its peer will never reach."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    found = [None] * world
+    dist.all_gather_object(found, native_checkpoint.refused_files(path, rank, world))
+    refused = [line for lines in found for line in lines]
+    if refused:
+        more = f" (and {len(refused) - 1} more file(s))" if len(refused) > 1 else ""
+        raise CheckpointError(f"refused to load the native checkpoint {path / native_checkpoint.TAG}: {refused[0]}"
+                              f"{more}; it holds pickled objects outside the allowlist of plain data; resume with "
+                              f"checkpoint.native=false to read the layout-free safetensors files")
 
 
 @torch.no_grad()

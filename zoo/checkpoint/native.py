@@ -112,6 +112,23 @@ class _WeightsOnlyEngine:
             return torch.load(path, map_location=map_location)
 
 
+def refused_files(path: Path, rank: int, world: int) -> list:
+    """This rank's share (every world-th file) of the native files that the weights-only
+    unpickler refuses, each as one line naming the file. Memory-mapped: only the pickles
+    are read, not the tensor bytes."""
+    found = []
+    for f in sorted((path / TAG).rglob("*.pt"))[rank::world]:
+        with weights_only_loading():
+            try:
+                try:
+                    torch.load(f, map_location="cpu", mmap=True)
+                except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
+                    torch.load(f, map_location="cpu")
+            except RefusedPickle as err:
+                found.append(str(err))
+    return found
+
+
 def load(engine, path: Path) -> None:
     """Restore module, optimizer and LR schedule from this rank's native shard."""
     original = engine.checkpoint_engine
