@@ -40,6 +40,10 @@ def _device(local_rank: int) -> torch.device:
 def init_distributed(cfg: Config) -> None:
     import deepspeed
 
+    from zoo import lean_start
+
+    lean_start.skip_shm_comm_op()
+
     backend = cfg.parallel.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
     # DeepSpeed's grid creates its groups with dist.new_group() and no timeout, which falls
