@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from zoo.config.ranges import check_ranges, range_warnings
 from zoo.config.schema import Config
 from zoo.errors import ConfigError
 from zoo.parallel.topology import Layout
@@ -24,11 +25,9 @@ def _require(ok: bool, message: str) -> None:
 def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List[str]]:
     """The layout of this run. `world_size` is the launcher's (None for a local run, where
     `parallel.dp` says how many replicas to start)."""
+    check_ranges(cfg)  # every numeric key first: the rules below may rely on them
     p = cfg.parallel
     warnings: List[str] = []
-    for key in ("tp", "pp"):
-        _require(getattr(p, key) >= 1, f"parallel.{key}={getattr(p, key)} must be >= 1")
-    _require(p.dp is None or p.dp >= 1, f"parallel.dp={p.dp} must be >= 1 (or null)")
     if world_size is None:
         dp = p.dp or 1
     else:
@@ -47,7 +46,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     """Check every cross-key rule; returns warnings, raises ConfigError on the first error."""
     from zoo.families import family
 
-    warnings: List[str] = []
+    warnings: List[str] = range_warnings(cfg)
     t, p, m = cfg.trainer, cfg.parallel, cfg.model
     spec = family(m.family)
     _require(cfg.precision.dtype in DTYPES,
@@ -55,14 +54,6 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
     _check_data(cfg, spec)
     _check_micro_batch(cfg, layout, cuda_available)
-    for key in ("global_batch_size", "log_every"):
-        _require(getattr(t, key) > 0, f"trainer.{key}={getattr(t, key)} must be positive")
-    _require(t.max_steps >= 0, f"trainer.max_steps={t.max_steps} must be >= 0")
-    _require(t.eval_batches >= 0, f"trainer.eval_batches={t.eval_batches} must be >= 0")
-    _require(0 < cfg.data.eval_fraction < 1, f"data.eval_fraction={cfg.data.eval_fraction} must be in (0, 1)")
-    _require(cfg.optim.lr > 0, f"optim.lr={cfg.optim.lr} must be positive")
-    _require(p.zero_stage in (0, 1, 2, 3), f"parallel.zero_stage={p.zero_stage} must be 0, 1, 2 or 3")
-    _require(p.timeout_s > 0, f"parallel.timeout_s={p.timeout_s} must be positive")
     if cfg.precision.dtype == "fp16":
         _require(cuda_available, "precision=fp16 needs CUDA (dynamic loss scaling runs on the GPU) and no GPU "
                                  "is visible; use precision=bf16 or precision=fp32 on this machine")
@@ -102,7 +93,6 @@ def _check_data(cfg: Config, spec) -> None:
     from zoo.families import FAMILIES
 
     d, family = cfg.data, cfg.model.family
-    _require(d.num_proc >= 1, f"data.num_proc={d.num_proc} must be >= 1")
     sources = spec.data_sources
     if d.name not in sources:
         known = sorted({s for other in FAMILIES.values() for s in other.data_sources})
@@ -123,16 +113,13 @@ def _check_data(cfg: Config, spec) -> None:
         for m in d.mix:
             _require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
                      f"data.mix entry {m} needs name: pydoc, files or hub (and path, weight)")
-    _require(0 < d.mlm_probability < 1, f"data.mlm_probability={d.mlm_probability} must be in (0, 1)")
-    if d.image_size is not None:
-        _require(d.image_size > 0, f"data.image_size={d.image_size} must be positive (or null)")
 
 
 def _check_micro_batch(cfg: Config, layout: Layout, cuda_available: bool) -> None:
     mb, p = cfg.trainer.micro_batch_size, cfg.parallel
-    if mb != "auto":
-        _require(isinstance(mb, int) and not isinstance(mb, bool) and mb > 0,
-                 f"trainer.micro_batch_size={mb!r} must be positive: an integer, or auto")
+    if mb != "auto":  # a positive number (zoo.config.ranges)
+        _require(isinstance(mb, int) and not isinstance(mb, bool),
+                 f"trainer.micro_batch_size={mb!r} must be an integer, or auto")
         return
     _require(cuda_available, "trainer.micro_batch_size=auto measures the peak memory of real training steps on a "
                              "CUDA device and none is visible; set a number (python -m zoo.plan suggests one)")
@@ -147,8 +134,6 @@ def _check_micro_batch(cfg: Config, layout: Layout, cuda_available: bool) -> Non
 
 def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
     t, p = cfg.trainer, cfg.parallel
-    _require(p.num_microbatches is None or p.num_microbatches > 0,
-             f"parallel.num_microbatches={p.num_microbatches} must be positive (or null)")
     if t.micro_batch_size == "auto":  # the finder picks a divisor of global / dp (checked above)
         return
     if layout.pp == 1 and p.num_microbatches is None:

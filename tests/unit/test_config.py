@@ -64,7 +64,7 @@ def test_wrong_type_names_the_key():
 
 def test_micro_batch_size_is_a_number_or_auto():
     """micro_batch_size is the one int-or-"auto" key: checked by validation, before any process group."""
-    with pytest.raises(ConfigError, match=r"trainer.micro_batch_size='lots' must be positive: an integer, or auto"):
+    with pytest.raises(ConfigError, match=r"trainer.micro_batch_size='lots' must be positive \(an integer, or auto\)"):
         check(composed("trainer.micro_batch_size=lots"))
     with pytest.raises(ConfigError, match="measures the peak memory of real training steps on a CUDA device"):
         check(composed("trainer.micro_batch_size=auto"), cuda=False)

@@ -22,28 +22,29 @@ class ModelConfig:
     """Named size preset of the family (GPT: tiny, small, medium, large, xl, gpt3-125m ... gpt3-175b;
     BERT: tiny, base, large; CNN: tiny, resnet18, resnet50)."""
     n_layer: Optional[int] = None
-    """Override the preset's number of transformer layers."""
+    """Override the preset's number of transformer layers. Range: positive."""
     n_head: Optional[int] = None
-    """Override the preset's number of attention heads."""
+    """Override the preset's number of attention heads. Range: positive."""
     n_embd: Optional[int] = None
-    """Override the preset's hidden size."""
+    """Override the preset's hidden size. Range: positive."""
     n_kv_head: Optional[int] = None
-    """Llama: key/value heads (grouped-query attention; 1: multi-query), dividing n_head. None: the preset's."""
+    """Llama: key/value heads (grouped-query attention; 1: multi-query), dividing n_head.
+    None: the preset's. Range: positive."""
     intermediate_size: Optional[int] = None
-    """Llama: the SwiGLU MLP's width. None: the preset's."""
+    """Llama: the SwiGLU MLP's width. None: the preset's. Range: positive."""
     rope_theta: Optional[float] = None
-    """Llama: the rotary embeddings' base. None: the preset's."""
+    """Llama: the rotary embeddings' base. None: the preset's. Range: positive."""
     ffn_mult: int = 4
-    """FFN width as a multiple of the hidden size."""
+    """FFN width as a multiple of the hidden size. Range: positive."""
     block_size: Optional[int] = None
-    """Context length (tokens). None: the preset's."""
+    """Context length (tokens). None: the preset's. Range: positive."""
     vocab_size: Optional[int] = None
-    """Vocabulary size. None: the tokenizer's, padded up to a multiple of `vocab_pad_multiple`."""
+    """Vocabulary size. None: the tokenizer's, padded up to a multiple of `vocab_pad_multiple`. Range: positive."""
     vocab_pad_multiple: int = 128
     """The tokenizer's vocabulary is padded to a multiple of this (fixed, so every layout
-    builds the same model); tp must divide the padded size."""
+    builds the same model); tp must divide the padded size. Range: positive."""
     dropout: float = 0.0
-    """Dropout on embeddings, attention and residual branches."""
+    """Dropout on embeddings, attention and residual branches. Range: in [0, 1)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
     init_from: Optional[str] = None
@@ -53,24 +54,24 @@ class ModelConfig:
 @dataclass
 class ParallelConfig:
     tp: int = 1
-    """Tensor-parallel size (ranks sharing each layer; keep inside a node)."""
+    """Tensor-parallel size (ranks sharing each layer; keep inside a node). Range: positive."""
     pp: int = 1
-    """Pipeline-parallel size (stages)."""
+    """Pipeline-parallel size (stages). Range: positive."""
     dp: Optional[int] = None
     """Data-parallel replicas. Local run: how many to start (None: 1). Under torchrun,
-    the deepspeed launcher or srun: derived from the world size (a set value must match)."""
+    the deepspeed launcher or srun: derived from the world size (a set value must match). Range: positive."""
     zero_stage: int = 0
-    """DeepSpeed ZeRO stage 0-3 over the data-parallel group."""
+    """DeepSpeed ZeRO stage 0-3 over the data-parallel group. Range: in [0, 3]."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence across the tp group."""
     num_microbatches: Optional[int] = None
-    """Micro-batches per step per pipeline. None: derived from the global batch."""
+    """Micro-batches per step per pipeline. None: derived from the global batch. Range: positive."""
     partition_method: str = "parameters"
     """How DeepSpeed splits layers into pipeline stages: parameters, uniform, type:REGEX."""
     backend: Optional[str] = None
     """torch.distributed backend. None: nccl on CUDA, gloo on CPU."""
     timeout_s: int = 300
-    """Collective timeout: a rank that hangs or dies ends the whole job after this long."""
+    """Collective timeout: a rank that hangs or dies ends the whole job after this long. Range: positive."""
 
 
 @dataclass
@@ -89,20 +90,21 @@ class DataConfig:
     label_column: str = "label"
     """Column holding the class labels in a `hub` image dataset (CNN)."""
     image_size: Optional[int] = None
-    """CNN: resize `files`/`hub` images to this many pixels square. None: the first image's size."""
+    """CNN: resize `files`/`hub` images to this many pixels square. None: the first image's size. Range: positive."""
     mlm_probability: float = 0.15
-    """BERT: share of the tokens selected for the masked-LM objective (80% [MASK], 10% random, 10% kept)."""
+    """BERT: share of the tokens selected for the masked-LM objective (80% [MASK], 10% random,
+    10% kept). Range: in (0, 1)."""
     tokenizer: Optional[str] = None
     """None: train one on the source (cached). Else a local directory or a Hub name."""
     vocab_size: int = 4096
-    """Vocabulary size of a tokenizer trained here."""
+    """Vocabulary size of a tokenizer trained here. Range: >= 260."""
     eval_fraction: float = 0.05
-    """Share of the source held out for evaluation."""
+    """Share of the source held out for evaluation. Range: in (0, 1)."""
     num_proc: int = 1
-    """Processes tokenizing in `datasets.map` (batched, fast tokenizer) when data is prepared."""
+    """Processes tokenizing in `datasets.map` (batched, fast tokenizer) when data is prepared. Range: >= 1."""
     num_workers: int = 0
     """DataLoader worker processes per rank preparing the next step's batches; 0: one
-    background thread."""
+    background thread. Range: >= 0."""
     cache_dir: Optional[str] = None
     """Where tokenizers and tokenized datasets are cached. None: $ZOO_CACHE or ~/.cache/zoo."""
 
@@ -110,22 +112,22 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     lr: float = 1e-3
-    """Peak learning rate."""
+    """Peak learning rate. Range: positive."""
     min_lr: float = 1e-4
-    """Learning rate at the end of the cosine decay."""
+    """Learning rate at the end of the cosine decay. Range: >= 0."""
     warmup_steps: int = 20
-    """Linear warmup steps."""
+    """Linear warmup steps. Range: >= 0."""
     decay_steps: Optional[int] = None
     """Length of the warmup + cosine schedule in steps. None: trainer.max_steps. Set it when
-    one schedule is spread over runs that stop early (each with its own max_steps)."""
+    one schedule is spread over runs that stop early (each with its own max_steps). Range: positive."""
     weight_decay: float = 0.1
-    """AdamW weight decay."""
+    """AdamW weight decay. Range: >= 0."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    """AdamW betas."""
+    """AdamW betas. Range: in [0, 1)."""
     eps: float = 1e-8
-    """AdamW epsilon."""
+    """AdamW epsilon. Range: positive."""
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0 disables)."""
+    """Clip the global gradient norm to this (0 disables). Range: >= 0."""
 
 
 @dataclass
@@ -133,9 +135,9 @@ class PrecisionConfig:
     dtype: str = "fp32"
     """fp32, bf16 or fp16 (fp16 needs CUDA; dynamic loss scaling)."""
     initial_scale_power: int = 16
-    """fp16: initial loss scale 2**this."""
+    """fp16: initial loss scale 2**this. Range: in [0, 32]."""
     loss_scale_window: int = 1000
-    """fp16: steps without overflow before the scale grows."""
+    """fp16: steps without overflow before the scale grows. Range: positive."""
 
 
 @dataclass
@@ -159,34 +161,34 @@ class LoggerConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 200
-    """Optimizer steps to run."""
+    """Optimizer steps to run. Range: >= 0."""
     global_batch_size: int = 32
-    """Samples per optimizer step, across all data-parallel replicas."""
+    """Samples per optimizer step, across all data-parallel replicas. Range: positive."""
     micro_batch_size: Any = 8
     """Samples per forward/backward on one rank; accumulation is derived. `auto` (CUDA): the
     largest that keeps measured peak memory within 80% of the device (zoo/batch_finder.py).
-    Typed Any only because OmegaConf has no int-or-"auto" type: validation checks it."""
+    Typed Any only because OmegaConf has no int-or-"auto" type: validation checks it. Range: positive."""
     seed: int = 1234
-    """Seed for init, data order and dropout."""
+    """Seed for init, data order and dropout. Range: in [0, 4294967296)."""
     log_every: int = 10
-    """Log metrics every this many steps."""
+    """Log metrics every this many steps. Range: positive."""
     eval_batches: int = 20
-    """Held-out micro-batches evaluated at the end."""
+    """Held-out micro-batches evaluated at the end. Range: >= 0."""
     sample_tokens: int = 48
-    """Tokens generated at the end of a language-model run (0: none)."""
+    """Tokens generated at the end of a language-model run (0: none). Range: >= 0."""
     progress: bool = True
     """Progress bar on rank 0."""
     max_nonfinite_steps: int = 3
     """Stop the run after this many consecutive steps with a non-finite loss (no checkpoint
-    is written over the last good one meanwhile). fp16 overflows are skipped by the engine."""
+    is written over the last good one meanwhile). fp16 overflows are skipped by the engine. Range: positive."""
 
 
 @dataclass
 class CheckpointConfig:
     every: int = 0
-    """Save every this many steps (0: only on request, e.g. signals)."""
+    """Save every this many steps (0: only on request, e.g. signals). Range: >= 0."""
     keep: int = 2
-    """Checkpoints kept in the run directory."""
+    """Checkpoints kept in the run directory. Range: positive."""
     save_final: bool = True
     """Write the consolidated, layout-free weights to model.safetensors at the end."""
     native: Optional[bool] = None

@@ -1,0 +1,128 @@
+"""Every numeric key of the training schema has a range (zoo.config.ranges), its docstring
+says that range, and a value outside it is refused in the validation pass with one line
+naming the key, the value and the range."""
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+
+import zoo.config.schema as schema
+from tests.unit.test_config import check, composed
+from zoo.config.ranges import RANGES, numeric_keys
+from zoo.errors import ConfigError
+
+SECTIONS = {"model": schema.ModelConfig, "parallel": schema.ParallelConfig, "data": schema.DataConfig,
+            "optim": schema.OptimConfig, "precision": schema.PrecisionConfig, "trainer": schema.TrainerConfig,
+            "checkpoint": schema.CheckpointConfig, "logger": schema.LoggerConfig}
+
+
+def test_the_sections_walked_are_every_section_of_the_schema():
+    import dataclasses
+
+    sections = {f.name for f in dataclasses.fields(schema.Config) if dataclasses.is_dataclass(f.default_factory)}
+    assert numeric_keys({"top": schema.Config}) == []  # the top level holds no numbers
+    assert sections == set(SECTIONS)
+
+
+def test_every_numeric_key_has_a_range_and_nothing_else_does():
+    keys = numeric_keys(SECTIONS)
+    assert len(keys) >= 40
+    assert set(keys) == set(RANGES), (sorted(set(keys) - set(RANGES)), sorted(set(RANGES) - set(keys)))
+
+
+def _docstrings() -> dict:
+    """{section.key: the docstring under the key} from the schema's source."""
+    tree, out = ast.parse(inspect.getsource(schema)), {}
+    names = {cls.__name__: section for section, cls in SECTIONS.items()}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in names:
+            for a, b in zip(node.body, node.body[1:]):
+                if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                    out[f"{names[node.name]}.{a.target.id}"] = " ".join(b.value.value.split())
+    return out
+
+
+def test_every_docstring_states_the_range_that_is_checked():
+    docs = _docstrings()
+    wrong = [k for k, r in RANGES.items() if f"Range: {r.text()}." not in docs.get(k, "")]
+    assert not wrong, wrong
+
+
+# One value outside each range: (override, what the line must say).
+OUTSIDE = {
+    "model.n_layer": ("0", "must be positive"),
+    "model.n_head": ("-2", "must be positive"),
+    "model.n_embd": ("0", "must be positive"),
+    "model.n_kv_head": ("0", "must be positive (it must also divide model.n_head)"),
+    "model.intermediate_size": ("-1", "must be positive"),
+    "model.rope_theta": ("0", "must be positive"),
+    "model.ffn_mult": ("0", "must be positive"),
+    "model.block_size": ("0", "must be positive"),
+    "model.vocab_size": ("0", "must be positive"),
+    "model.vocab_pad_multiple": ("0", "must be positive"),
+    "model.dropout": ("1.5", "must be in [0, 1)"),
+    "parallel.tp": ("0", "must be positive"),
+    "parallel.pp": ("-1", "must be positive"),
+    "parallel.dp": ("0", "must be positive (or null)"),
+    "parallel.zero_stage": ("7", "must be in [0, 3]"),
+    "parallel.num_microbatches": ("0", "must be positive"),
+    "parallel.timeout_s": ("0", "must be positive"),
+    "data.image_size": ("0", "must be positive"),
+    "data.mlm_probability": ("1.0", "must be in (0, 1)"),
+    "data.vocab_size": ("1", "must be >= 260"),
+    "data.eval_fraction": ("0", "must be in (0, 1)"),
+    "data.num_proc": ("0", "must be >= 1"),
+    "data.num_workers": ("-1", "must be >= 0"),
+    "optim.lr": ("0", "must be positive"),
+    "optim.min_lr": ("-1e-4", "must be >= 0"),
+    "optim.warmup_steps": ("-1", "must be >= 0"),
+    "optim.decay_steps": ("0", "must be positive"),
+    "optim.weight_decay": ("-0.1", "must be >= 0"),
+    "optim.betas": ("[1.5,0.9]", "optim.betas=[1.5, 0.9] must be two numbers in [0, 1)"),
+    "optim.eps": ("-1", "must be positive"),
+    "optim.grad_clip": ("-1", "must be >= 0 (0 disables clipping)"),
+    "precision.initial_scale_power": ("40", "must be in [0, 32]"),
+    "precision.loss_scale_window": ("0", "must be positive"),
+    "trainer.max_steps": ("-5", "must be >= 0"),
+    "trainer.global_batch_size": ("0", "must be positive"),
+    "trainer.micro_batch_size": ("-2", "must be positive (an integer, or auto)"),
+    "trainer.seed": ("-3", "must be in [0, 4294967296)"),
+    "trainer.log_every": ("0", "must be positive"),
+    "trainer.eval_batches": ("-1", "must be >= 0"),
+    "trainer.sample_tokens": ("-1", "must be >= 0"),
+    "trainer.max_nonfinite_steps": ("0", "must be positive"),
+    "checkpoint.every": ("-5", "must be >= 0"),
+    "checkpoint.keep": ("0", "must be positive"),
+}
+
+
+def test_every_range_has_a_case_here():
+    assert set(OUTSIDE) == set(RANGES)
+
+
+@pytest.mark.parametrize("key", sorted(OUTSIDE))
+def test_a_value_outside_the_range_is_refused_naming_key_value_and_range(key):
+    value, says = OUTSIDE[key]
+    with pytest.raises(ConfigError) as err:
+        check(composed(f"{key}={value}"))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{key}=") and says in line, line
+
+
+def test_values_at_the_edges_of_the_ranges_pass():
+    check(composed("model.dropout=0", "optim.grad_clip=0", "optim.min_lr=0", "optim.betas=[0,0.999]",
+                   "trainer.max_steps=0", "trainer.seed=0", "data.num_workers=0", "optim.warmup_steps=0"))
+
+
+def test_min_lr_above_lr_is_refused():
+    with pytest.raises(ConfigError, match=r"optim.min_lr=0.01 is above optim.lr=0.001: .* set optim.min_lr <= optim.lr"):
+        check(composed("optim.min_lr=0.01"))
+
+
+def test_legal_but_surely_unintended_values_warn():
+    warnings = check(composed("trainer.max_steps=10", "optim.warmup_steps=20", "checkpoint.every=50"))
+    assert any("optim.warmup_steps=20 is not shorter than the schedule's 10 steps" in w for w in warnings), warnings
+    assert any("checkpoint.every=50 is more than trainer.max_steps=10" in w for w in warnings), warnings
+    assert not any("warmup" in w for w in check(composed("trainer.max_steps=10", "optim.warmup_steps=2")))
