@@ -1,17 +1,40 @@
-def test_deepspeed_builds_no_shm_op_for_training():
+import subprocess
+import sys
+
+
+def test_deepspeed_builds_no_shm_op_and_probes_no_ops_for_training():
     """DeepSpeed's torch backend asks build_shm_op() at start: after the switch it is None
-    (neither built nor loaded), and the switch names an op DeepSpeed has."""
+    (neither built nor loaded) and no op was probed (no gcc run, no gcc lines printed). In a
+    fresh interpreter: the probe's table is cached in the module on first access."""
+    code = """
+import subprocess, deepspeed.ops
+ran = []
+real = subprocess.Popen
+subprocess.Popen = lambda *a, **k: ran.append(a) or real(*a, **k)
+from zoo import lean_start
+lean_start.skip_shm_comm_op()
+from deepspeed.comm.torch import build_shm_op
+assert build_shm_op() is None
+assert deepspeed.ops.__compatible_ops__ == {"deepspeed_shm_comm": False}, deepspeed.ops.__compatible_ops__
+print("ok", len(ran))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok 0" and "gcc" not in out.stdout + out.stderr
+
+
+def test_a_probed_table_keeps_its_other_entries():
     import deepspeed.ops
-    from deepspeed.comm.torch import build_shm_op
 
     from zoo import lean_start
 
-    before = dict(deepspeed.ops.__compatible_ops__)
+    before = dict(deepspeed.ops.__compatible_ops__)  # probes here
     try:
         lean_start.skip_shm_comm_op()
-        changed = {k for k in before if before[k] != deepspeed.ops.__compatible_ops__[k]}
-        assert changed <= {"deepspeed_shm_comm"} and deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] is False
-        assert build_shm_op() is None
+        after = deepspeed.ops.__compatible_ops__
+        assert after["deepspeed_shm_comm"] is False
+        assert {k: v for k, v in after.items() if k != "deepspeed_shm_comm"} == \
+            {k: v for k, v in before.items() if k != "deepspeed_shm_comm"}
     finally:
         deepspeed.ops.__compatible_ops__.clear()
         deepspeed.ops.__compatible_ops__.update(before)
