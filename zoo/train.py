@@ -113,6 +113,12 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     os.environ[HELD_ENV] = "1"
     try:
         _launch_local(cfg, layout, cfg_yaml, run_dir)
+    except SystemExit as stop:
+        if stop.code == 2:  # refused: the ranks removed what they wrote; so goes a directory made for it
+            lock.release()
+            if not os.listdir(run_dir):
+                os.rmdir(run_dir)
+        raise
     finally:
         os.environ.pop(HELD_ENV, None)
         lock.release()

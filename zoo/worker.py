@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import socket
 import sys
 import warnings
@@ -77,13 +78,15 @@ def agree_run_dir(proposed: str) -> Path:
     return Path(chosen[0])
 
 
-def write_topology(layout: Layout, run_dir: Path, rank: int) -> None:
+def show_topology(layout: Layout, rank: int) -> str:
+    """The rank grid with each rank's host, printed by rank 0 (collective; '' on the others)."""
     hosts = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
-    if rank == 0:
-        text = describe_grid(layout, hosts)
-        (run_dir / "topology.txt").write_text(text)
-        print(text, end="", flush=True)
+    if rank != 0:
+        return ""
+    text = describe_grid(layout, hosts)
+    print(text, end="", flush=True)
+    return text
 
 
 def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.device, rank: int) -> None:
@@ -130,12 +133,32 @@ def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None
 
     layout, _ = resolve_layout(cfg, world)
     run_path = agree_run_dir(run_dir)
+    found = set(os.listdir(run_path)) if rank == 0 and run_path.is_dir() else set()
     lock = _lock_run_dir(run_path, rank)
+    training = []
     try:
-        _train(cfg, cfg_yaml, run_path, layout, device)
+        _train(cfg, cfg_yaml, run_path, layout, device, training)
+    except ZooError:
+        if rank == 0 and not training:
+            remove_new_entries(run_path, found)
+        raise
     finally:
         if lock is not None:
             lock.release()
+
+
+def remove_new_entries(run_path: Path, found: set) -> None:
+    """A start refused before training leaves the run directory as it found it: what this
+    start wrote there (config.yaml, topology.txt, tokenizer/, ...) is removed; what was
+    there before (a resumed run's checkpoints and results) is never touched."""
+    from zoo.rundir_lock import LOCK_NAME
+
+    for name in set(os.listdir(run_path)) - found - {LOCK_NAME}:
+        path = run_path / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _lock_run_dir(run_path: Path, rank: int):
@@ -155,11 +178,11 @@ def _lock_run_dir(run_path: Path, rank: int):
     return lock
 
 
-def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: torch.device) -> None:
+def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: torch.device,
+           training: list) -> None:
+    """Start and run the training; `training` gets an entry once the start is over."""
     rank = dist.get_rank()
-    if rank == 0:
-        (run_path / "config.yaml").write_text(cfg_yaml)
-    write_topology(layout, run_path, rank)
+    topology = show_topology(layout, rank)
     grid = build_grid(layout)
 
     from zoo.families import family
@@ -185,6 +208,10 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     if cfg.trainer.micro_batch_size == "auto":
         _find_micro_batch(cfg, layout, grid, task, device, rank)
     trainer = Trainer(cfg, layout, grid, task, run_path, device)
+    if rank == 0:  # written once the start went through: a refused start leaves an older run's files
+        (run_path / "config.yaml").write_text(cfg_yaml)
+        (run_path / "topology.txt").write_text(topology)
+    training.append(True)
     try:
         trainer.fit()
         dist.barrier()

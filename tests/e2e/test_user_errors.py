@@ -62,3 +62,18 @@ def test_one_line_exit_2_no_traceback(run_zoo, tmp_path, case, ranks):
     assert run.returncode == 2, run.stderr[-3000:]
     assert len(errors) == 1 and needle in errors[0], run.stderr[-3000:]
     assert "Traceback" not in run.stderr and "Traceback" not in run.stdout
+    assert not run.run_dir.exists(), sorted(p.name for p in run.run_dir.iterdir())  # nothing left behind
+
+
+def test_a_refused_start_leaves_a_directory_as_it_found_it(run_zoo, tmp_path):
+    """The ranks refuse (after writing config.yaml, topology.txt, tokenizer/): what was there
+    stays byte for byte, what the start wrote is gone."""
+    run_dir = tmp_path / "kept"
+    (run_dir / "notes").mkdir(parents=True)
+    (run_dir / "notes" / "plan.txt").write_text("mine")
+    (run_dir / "config.yaml").write_text("an older config")
+    for ranks in ([], ["parallel=zero1"]):
+        run = run_zoo(*FAST, *_empty_jsonl(tmp_path), *ranks, run_dir=run_dir, check=False)
+        assert run.returncode == 2 and "holds no text" in run.stderr, run.stderr[-3000:]
+        assert sorted(p.name for p in run_dir.rglob("*")) == ["config.yaml", "notes", "plan.txt"]
+        assert (run_dir / "config.yaml").read_text() == "an older config"
