@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from zoo.config.cli import TaskStarted, run_hydra_app
-from zoo.config.schema import Config, register_configs
+from zoo.config.schema import Config, config_from_yaml, register_configs
 
 register_configs()
 _task_started = TaskStarted()
@@ -71,7 +71,15 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     from zoo.errors import ZooError
     from zoo.validate import resolve_layout, validate
 
-    cfg: Config = OmegaConf.to_object(dcfg)
+    from omegaconf.errors import OmegaConfBaseException
+
+    from zoo.config.cli import omegaconf_error_line
+
+    try:  # read as the ranks will read it: an unknown `+key` or an unresolvable interpolation fails here
+        cfg_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
+        cfg: Config = config_from_yaml(cfg_yaml)
+    except OmegaConfBaseException as err:
+        _fail(omegaconf_error_line(err), run_dir)
     env = launch.detect()
     try:
         layout, warnings = resolve_layout(cfg, env.world_size)
@@ -96,7 +104,6 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     for w in warnings:
         if rank0:
             print(f"zoo: warning: {w}", file=sys.stderr, flush=True)
-    cfg_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
 
     if env.kind != "local":
         from zoo.worker import main as worker_main
@@ -165,6 +172,11 @@ def _hydra_main(dcfg: DictConfig) -> None:
     _task_started()
     from hydra.core.hydra_config import HydraConfig
 
+    from zoo.config.cli import unknown_optional_choices
+
+    for problem in unknown_optional_choices(HydraConfig.get().runtime.choices):
+        _fail(problem, HydraConfig.get().runtime.output_dir)
+
     # A Hydra sweep runs every job in this process: each starts from the environment the
     # process started with (the local launcher sets RANK, WORLD_SIZE, ... for its ranks).
     environ = dict(os.environ)
@@ -210,12 +222,18 @@ def main() -> None:
     # the run goes under outputs/ in the working directory.
     probe = "outputs" if run_dir is None else (None if "${" in run_dir else run_dir)
     hydra_flags = any(a.startswith("-") for a in sys.argv[1:])  # --cfg, --help, --info, -m: no run directory
+    made = probe is not None and not hydra_flags and not os.path.isdir(probe)
     if probe and not hydra_flags:
         try:
             check_writable(probe)
         except RunDirError as err:
             _fail(str(err), None)
-    run_hydra_app(_hydra_main, _task_started)
+    try:
+        run_hydra_app(_hydra_main, _task_started)
+    except SystemExit as stop:  # a config that did not compose leaves no directory made for it
+        if stop.code == 2 and made and not _task_started.value and os.path.isdir(probe) and not os.listdir(probe):
+            os.rmdir(probe)
+        raise
 
 
 if __name__ == "__main__":

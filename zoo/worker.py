@@ -20,14 +20,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from zoo.config.schema import Config
+from zoo.config.schema import Config, config_from_yaml
 from zoo.errors import USER_ERROR_EXIT_CODE, RunDirError, ZooError
 from zoo.parallel.topology import Layout, build_grid, describe_grid
-
-
-def config_from_yaml(text: str) -> Config:
-    schema = OmegaConf.structured(Config)
-    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.create(text)))
 
 
 def _device(local_rank: int) -> torch.device:

@@ -1,27 +1,118 @@
-"""Exit codes of the Hydra entry points: a config that does not compose is a user mistake.
+"""Exit codes and messages of the Hydra entry points: a config that does not compose is a user
+mistake, reported in one line with exit code 2.
 
-Hydra reports composition errors (an unknown group option, a misspelled key, a wrong type)
-in one message and exits 1; zoo's entry points exit 2 for every config error. The task
-function marks that it started, so a later exit 1 (a crash) is left alone.
+Hydra reports composition errors (an unknown group option, a misspelled key, a wrong type,
+a bad override) in several lines and exits 1. Until the task function starts, what Hydra
+writes to stderr is held; when it then exits 1, the held message is printed as one
+`zoo: error:` line instead, with exit code 2. Once the task function has marked that it
+started, stderr is the process's again and a later exit 1 (a crash) is left alone.
+HYDRA_FULL_ERROR=1 shows Hydra's own output and traceback.
+
+Errors OmegaConf raises after composition (an unknown `+key`, an interpolation that does
+not resolve) are condensed by `omegaconf_error_line`, for the entry points to report.
 """
 from __future__ import annotations
 
+import io
+import os
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterable, List
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+OPTIONAL_GROUPS = ("experiment", "debug")  # `optional` in conf/config.yaml: Hydra skips a missing option
 
 
 class TaskStarted:
     def __init__(self):
         self.value = False
+        self._held = None
 
     def __call__(self) -> None:
         self.value = True
+        if self._held is not None:  # give stderr back, with anything Hydra wrote before the task
+            held, self._held = self._held, None
+            sys.stderr = held.real
+            sys.stderr.write(held.getvalue())
+
+
+class _Held(io.StringIO):
+    def __init__(self, real):
+        super().__init__()
+        self.real = real
 
 
 def run_hydra_app(hydra_main: Callable[[], None], started: TaskStarted) -> None:
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    if not full:
+        started._held = sys.stderr = _Held(sys.stderr)
     try:
         hydra_main()
     except SystemExit as exc:
-        if exc.code == 1 and not started.value:
-            sys.exit(2)
+        if not started.value:
+            held = started._held
+            if held is not None:
+                started._held, sys.stderr = None, held.real
+                if exc.code == 1:
+                    print(f"zoo: error: {hydra_message_line(held.getvalue())}", file=sys.stderr, flush=True)
+                    sys.exit(2)
+                sys.stderr.write(held.getvalue())
+            if exc.code == 1:
+                sys.exit(2)
         raise
+    finally:
+        if started._held is not None:  # no task ran (--help, --cfg): pass on what was held
+            held, started._held = started._held, None
+            sys.stderr = held.real
+            sys.stderr.write(held.getvalue())
+
+
+def hydra_message_line(text: str) -> str:
+    """Hydra's multi-line composition error as one line: the message, the available options
+    joined, without the search path and the HYDRA_FULL_ERROR hint."""
+    parts: List[str] = []
+    options: List[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("Set the environment variable HYDRA_FULL_ERROR", "reference_type=",
+                                                "object_type=")):
+            continue
+        if stripped.startswith("Config search path"):
+            break
+        if line.startswith("\t") and parts and parts[-1].startswith("Available options"):
+            if not stripped.endswith("_schema"):  # the typed schema zoo registers under each group
+                options.append(stripped)
+            continue
+        if options:
+            parts[-1] += " " + ", ".join(options)
+            options = []
+        parts.append(stripped)
+    if options:
+        parts[-1] += " " + ", ".join(options)
+    return "; ".join(parts) or "the config did not compose (HYDRA_FULL_ERROR=1 shows why)"
+
+
+def omegaconf_error_line(err) -> str:
+    """An OmegaConf error (omegaconf.errors.OmegaConfBaseException) as one line with the fix."""
+    from omegaconf.errors import ConfigKeyError, InterpolationResolutionError
+
+    key, msg = getattr(err, "full_key", None) or "", str(getattr(err, "msg", "") or err).splitlines()[0]
+    if isinstance(err, ConfigKeyError):
+        return (f"{key or 'a key'} is not a key of the config ({msg}); check its spelling "
+                f"(`python -m zoo.train --cfg job` prints every key) or drop the override")
+    if isinstance(err, InterpolationResolutionError):
+        return (f"{key}: {msg}; set what it refers to, or give the interpolation a default "
+                f"(e.g. ${{oc.env:VAR,default}})")
+    return f"{key}: {msg}" if key else msg
+
+
+def unknown_optional_choices(choices: dict, groups: Iterable[str] = OPTIONAL_GROUPS) -> List[str]:
+    """`experiment=nope`: Hydra skips an `optional` group's missing option without a word.
+    Returns one line per chosen option that has no file under conf/."""
+    out = []
+    for group in groups:
+        choice = choices.get(group)
+        if choice and not (CONF / group / f"{choice}.yaml").exists():
+            known = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+            out.append(f"{group}={choice} is not one of conf/{group}/: choose one of {known}")
+    return out

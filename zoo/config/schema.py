@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -233,3 +233,9 @@ def register_configs() -> None:
     cs.store(name="zoo_schema", node=Config)
     for group, node in SECTIONS.items():
         cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+def config_from_yaml(text: str) -> Config:
+    """The typed config from its resolved YAML (what `zoo.train` hands each rank)."""
+    schema = OmegaConf.structured(Config)
+    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.create(text)))

@@ -1,0 +1,52 @@
+"""The one-line forms of Hydra's and OmegaConf's errors (zoo.config.cli)."""
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from zoo.config.cli import hydra_message_line, omegaconf_error_line, unknown_optional_choices
+from zoo.config.schema import Config
+
+HYDRA_MISSING_OPTION = """In 'config': Could not find 'model/nope'
+
+Available options in 'model':
+\tbert
+\tcnn
+\tgpt
+\tmodel_schema
+Config search path:
+\tprovider=hydra, path=pkg://hydra.conf
+\tprovider=main, path=file:///somewhere/conf
+
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+"""
+
+
+def test_hydra_message_becomes_one_line_with_the_options():
+    assert hydra_message_line(HYDRA_MISSING_OPTION) == \
+        "In 'config': Could not find 'model/nope'; Available options in 'model': bert, cnn, gpt"
+    assert hydra_message_line("") == "the config did not compose (HYDRA_FULL_ERROR=1 shows why)"
+
+
+def _raised(fn) -> OmegaConfBaseException:
+    with pytest.raises(OmegaConfBaseException) as err:
+        fn()
+    return err.value
+
+
+def test_unknown_key_and_unresolved_interpolation_name_the_key_and_the_fix():
+    schema = OmegaConf.structured(Config)
+    err = _raised(lambda: OmegaConf.merge(schema, OmegaConf.create({"trainer": {"foo": 1}})))
+    assert omegaconf_error_line(err).startswith("trainer.foo is not a key of the config")
+    cfg = OmegaConf.create({"trainer": {"max_steps": "${oc.env:ZOO_TEST_UNSET_VARIABLE}"}})
+    line = omegaconf_error_line(_raised(lambda: OmegaConf.to_yaml(cfg, resolve=True)))
+    assert line.startswith("trainer.max_steps: ") and "ZOO_TEST_UNSET_VARIABLE" in line and "\n" not in line
+    assert "oc.env:VAR,default" in line
+
+
+def test_an_optional_group_option_without_a_file_is_named():
+    assert unknown_optional_choices({"experiment": "gpt_tiny_3d", "debug": "fast"}) == []
+    assert unknown_optional_choices({"experiment": None, "debug": None}) == []
+    (problem,) = unknown_optional_choices({"experiment": "nope", "debug": None})
+    assert problem.startswith("experiment=nope is not one of conf/experiment/") and "'gpt_tiny_3d'" in problem
