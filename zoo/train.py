@@ -66,14 +66,12 @@ def _free_port() -> int:
 
 def run(dcfg: DictConfig, run_dir: str) -> None:
     import torch
-
-    from zoo import launch
-    from zoo.errors import ZooError
-    from zoo.validate import resolve_layout, validate
-
     from omegaconf.errors import OmegaConfBaseException
 
+    from zoo import launch
     from zoo.config.cli import omegaconf_error_line
+    from zoo.errors import ZooError
+    from zoo.validate import resolve_layout, validate
 
     try:  # read as the ranks will read it: an unknown `+key` or an unresolvable interpolation fails here
         cfg_yaml = OmegaConf.to_yaml(dcfg, resolve=True)

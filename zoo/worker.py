@@ -18,7 +18,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from zoo.config.schema import Config, config_from_yaml
 from zoo.errors import USER_ERROR_EXIT_CODE, RunDirError, ZooError
