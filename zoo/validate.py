@@ -77,11 +77,15 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
                  f"ZeRO stage 0 or 1 only; set parallel.zero_stage=1 or parallel.pp=1")
     _check_batches(cfg, layout, warnings)
     _check_deepspeed_keys(cfg)
+    from zoo.deepspeed_check import check_raw_keys
+
+    warnings += check_raw_keys(cfg, layout)
     return warnings
 
 
 def _check_deepspeed_keys(cfg: Config) -> None:
-    """Raw `deepspeed:` keys that would take DeepSpeed down a path zoo does not guard."""
+    """Raw `deepspeed:` keys that would take DeepSpeed down a path zoo does not guard
+    (DeepSpeed's own config model checks them after this: zoo.deepspeed_check)."""
     ds_checkpoint = (cfg.deepspeed or {}).get("checkpoint") or {}
     _require(not (isinstance(ds_checkpoint, dict) and ds_checkpoint.get("load_universal")),
              "deepspeed.checkpoint.load_universal=true is refused: DeepSpeed's universal-checkpoint loader unpickles "
