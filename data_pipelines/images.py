@@ -101,10 +101,10 @@ def _folder(root: Path) -> Tuple[List, List[str]]:
     return files, classes
 
 
-def load_image_folder(path: str, eval_fraction: float, image_size: Optional[int] = None) -> ImageSplits:
-    from PIL import Image
-
-    root = Path(path)
+def find_image_folder(path: str) -> Tuple[List, List[str]]:
+    """([(path, class name) per image] per split, the classes) of an image folder: root/<class>/
+    or root/train/<class>/ with root/test/<class>/; DataError if it holds no images."""
+    root = Path(path).expanduser()
     if not root.is_dir():
         raise DataError(f"data.path={path!r} is not a directory of class sub-directories")
     splits = [root / "train", root / "test"] if (root / "train").is_dir() and (root / "test").is_dir() else [root]
@@ -112,6 +112,13 @@ def load_image_folder(path: str, eval_fraction: float, image_size: Optional[int]
     classes = sorted({c for _, cs in found for c in cs})
     if not classes or not all(files for files, _ in found):
         raise DataError(f"data.path={path!r} holds no images in class sub-directories ({', '.join(IMAGE_SUFFIXES)})")
+    return found, classes
+
+
+def load_image_folder(path: str, eval_fraction: float, image_size: Optional[int] = None) -> ImageSplits:
+    from PIL import Image
+
+    found, classes = find_image_folder(path)
     index = {c: i for i, c in enumerate(classes)}
     loaded = []
     for files, _ in found:

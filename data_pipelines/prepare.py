@@ -22,7 +22,7 @@ from typing import Iterator, List
 
 import numpy as np
 
-from data_pipelines.text_sources import TEXT_SUFFIXES, DataError, _expand, read_source
+from data_pipelines.text_sources import TEXT_SUFFIXES, DataError, expand_paths, read_source
 
 
 def stream_texts(name: str, path: str | None, column: str, counts: dict) -> Iterator[str]:
@@ -32,7 +32,7 @@ def stream_texts(name: str, path: str | None, column: str, counts: dict) -> Iter
         return
     import datasets
 
-    for f in _expand(path):
+    for f in expand_paths(path):
         kind = TEXT_SUFFIXES[f.suffix.lower()]
         if kind == "text":
             raw = f.read_bytes()

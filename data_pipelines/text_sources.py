@@ -34,7 +34,8 @@ class Documents:
     """Skipped or repaired records by reason (empty, invalid_utf8_replaced, ...)."""
 
 
-def _expand(path: str) -> List[Path]:
+def expand_paths(path: str) -> List[Path]:
+    """The readable text files `data.path` names (a file, a directory or a glob); DataError if none."""
     p = Path(path).expanduser()
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix.lower() in TEXT_SUFFIXES)
@@ -72,7 +73,7 @@ def _read_files(path: str, column: str, counts: Dict[str, int]) -> List[str]:
     import datasets
 
     texts: List[str] = []
-    for f in _expand(path):
+    for f in expand_paths(path):
         kind = TEXT_SUFFIXES[f.suffix.lower()]
         if kind == "text":  # decoded here so invalid bytes are counted, not a crash in a worker
             raw = f.read_bytes()
@@ -136,7 +137,7 @@ def read_source(name: str, path: Optional[str] = None, text_column: str = "text"
                             f"{'' if name == 'files' else ', or a dataset name'})")
         if name == "files":
             texts = _read_files(path, text_column, counts)
-            key = f"files:{_fingerprint(_expand(path))}:{text_column}"
+            key = f"files:{_fingerprint(expand_paths(path))}:{text_column}"
         else:
             texts = _read_hub(path, text_column)
             key = f"hub:{path}:{text_column}:{len(texts)}:{sum(len(t or '') for t in texts)}"

@@ -80,9 +80,8 @@ def check_raw_keys(cfg, layout) -> List[str]:
     merged["train_batch_size"] = micro * accum  # checked as one rank: DeepSpeed reads the world from torch.distributed
     seen = _Seen(merged)
     try:
-        from pydantic import ValidationError
-
         from deepspeed.runtime.config import DeepSpeedConfig
+        from pydantic import ValidationError
 
         DeepSpeedConfig(seen)
     except ValidationError as err:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from zoo.config.paths import check_paths
 from zoo.config.ranges import check_ranges, range_warnings
 from zoo.config.schema import Config
 from zoo.errors import ConfigError
@@ -53,6 +54,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
              f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPES)}")
     _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
     _check_data(cfg, spec)
+    check_paths(cfg, spec)
     _check_micro_batch(cfg, layout, cuda_available)
     if cfg.precision.dtype == "fp16":
         _require(cuda_available, "precision=fp16 needs CUDA (dynamic loss scaling runs on the GPU) and no GPU "

@@ -64,3 +64,30 @@ def test_main_job_trains_and_generates(run_zoo):
     tok = AutoTokenizer.from_pretrained(str(run.run_dir / "tokenizer"))
     assert tok.decode(tok("def f(x): return x")["input_ids"]) == "def f(x): return x"
     assert "TP group: [0]" in (run.run_dir / "topology.txt").read_text()
+
+
+def _paths(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "blob.dat").write_bytes(b"\x00\x01")
+    return tmp_path
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["data=files", "data.path={d}/nope"], "data.path={d}/nope: no such file or directory"),
+    (["data=files", "data.path={d}/empty"], "data.path={d}/empty matches no file with a suffix among"),
+    (["data=files", "data.path={d}/blob.dat"], "cannot read ['blob.dat']"),
+    (["model=cnn", "data=files", "data.path={d}/empty"], "holds no images in class sub-directories"),
+    (["data=prepared", "data.path={d}/empty"], "is not a prepared dataset (no meta.json, tokenizer)"),
+    (["data.tokenizer={d}/tok"], "holds no tokenizer.json"),
+    (["data.tokenizer=gpt2"], "data.tokenizer=gpt2: no such directory"),
+    (["model.init_from={d}/nope"], "model.init_from={d}/nope: no such directory"),
+    (["resume={d}/nope"], "resume={d}/nope: no such checkpoint or run directory"),
+])
+def test_a_path_that_cannot_be_what_it_names_is_refused_before_launch(run_zoo, tmp_path, overrides, needle):
+    """Refused in the validation pass: no rank starts (no process group, no topology printed)."""
+    d = _paths(tmp_path)
+    run = run_zoo(*(o.format(d=d) for o in overrides), check=False)
+    lines = [line for line in run.stderr.splitlines() if line.strip() and not line.startswith("zoo: warning:")]
+    assert run.returncode == 2 and len(lines) == 1 and needle.format(d=d) in lines[0], run.stderr
+    assert "TP group" not in run.stdout and not run.run_dir.exists()

@@ -128,11 +128,26 @@ def test_deepspeed_config_derives_accumulation_and_passes_raw_keys():
 
 
 def _hf_dir(path: Path, **config) -> Path:
-    """A transformers directory's config.json (validation reads no weights)."""
+    """A transformers directory's config.json and a weights file (validation reads no weights:
+    that one is present, not valid)."""
     import json
 
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def _weights_only(path: Path) -> Path:
+    path.mkdir()
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def _bin_only(path: Path) -> Path:
+    _hf_dir(path, **GPT2_SMALL)
+    (path / "model.safetensors").unlink()
+    (path / "pytorch_model.bin").write_bytes(b"not read")
     return path
 
 
@@ -145,7 +160,9 @@ def test_init_from_is_checked_with_the_imported_models_dimensions(tmp_path):
     gpt2 = _hf_dir(tmp_path / "gpt2", **GPT2_SMALL)
     padded = _hf_dir(tmp_path / "gpt2_padded", **{**GPT2_SMALL, "vocab_size": 50304})
     cases = [
-        (["model.init_from=" + str(tmp_path / "nothing")], r"model.init_from=.*nothing: no config.json there"),
+        (["model.init_from=" + str(tmp_path / "nothing")], r"model.init_from=.*nothing: no such directory"),
+        ([f"model.init_from={_weights_only(tmp_path / 'weights')}"], r"model.init_from=.*weights: no config.json there"),
+        ([f"model.init_from={_bin_only(tmp_path / 'bin')}"], r"model.init_from=.*bin holds no \*.safetensors weights"),
         (["model=bert", f"model.init_from={gpt2}"], r"holds a gpt model and model.family=bert; use model=gpt"),
         ([f"model.init_from={_hf_dir(tmp_path / 't5', model_type='t5')}"], r"model_type 't5' is not supported"),
         ([f"model.init_from={_hf_dir(tmp_path / 'broken', model_type='gpt2', n_layer=2)}"], r"its config.json has no 'n_head'"),

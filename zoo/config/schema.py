@@ -95,7 +95,8 @@ class DataConfig:
     """BERT: share of the tokens selected for the masked-LM objective (80% [MASK], 10% random,
     10% kept). Range: in (0, 1)."""
     tokenizer: Optional[str] = None
-    """None: train one on the source (cached). Else a local directory or a Hub name."""
+    """None: train one on the source (cached). Else a local directory holding tokenizer.json
+    (save_pretrained's output; save a Hub tokenizer to a directory first)."""
     vocab_size: int = 4096
     """Vocabulary size of a tokenizer trained here. Range: >= 260."""
     eval_fraction: float = 0.05

@@ -1,0 +1,70 @@
+"""Every path a user gives, checked in the validation pass before any process starts.
+
+`data.path` (and each `data.mix` file source), `data=prepared`'s directory, `data.tokenizer`,
+`model.init_from` and `resume`: each must exist and hold what it must (files of a readable
+kind, class sub-directories of images, the prepared manifest, a tokenizer file, safetensors
+weights, a checkpoint). For `model.init_from` a name that is not a local path (`gpt2`) is a
+Hub name: the ranks load it, and what fails there is reported in one line too. What can only
+be seen by reading the data (a missing column, an empty file) stays with the ranks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from zoo.errors import ConfigError
+
+
+def _local(path: str) -> bool:
+    """A path the user means on this machine (not a Hub name)."""
+    p = Path(path).expanduser()
+    return p.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1
+
+
+def _directory(key: str, path: str, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"{key}={path}: no such directory; give {what}")
+    if not p.is_dir():
+        raise ConfigError(f"{key}={path} is a file; give {what}")
+    return p
+
+
+def check_paths(cfg, spec) -> None:
+    """Raise a ZooError (one line, with the fix) for the first path that cannot be what it names."""
+    d, m = cfg.data, cfg.model
+    if d.name == "files" and not d.mix and d.path:
+        if spec.reads == "images":
+            from data_pipelines.images import find_image_folder
+
+            find_image_folder(d.path)
+        else:
+            from data_pipelines.text_sources import expand_paths
+
+            expand_paths(d.path)
+    for source in d.mix or []:
+        if isinstance(source, dict) and source.get("name") == "files":
+            from data_pipelines.text_sources import expand_paths
+
+            expand_paths(str(source.get("path") or ""))
+    if d.name == "prepared" and d.path:
+        p = _directory("data.path", d.path, "the output directory of `python -m data_pipelines.prepare`")
+        missing = [name for name in ("meta.json", "tokenizer") if not (p / name).exists()]
+        if missing:
+            raise ConfigError(f"data.path={d.path} is not a prepared dataset (no {', '.join(missing)}); run "
+                              f"`python -m data_pipelines.prepare` into it, or use data=files for raw text")
+    if d.tokenizer:  # read from its tokenizer.json: a Hub name is saved to a directory first
+        p = _directory("data.tokenizer", d.tokenizer, "a directory with tokenizer.json (save_pretrained's output; "
+                                                      "for a Hub tokenizer: AutoTokenizer.from_pretrained(name)"
+                                                      ".save_pretrained(DIR))")
+        if not any((p / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+            raise ConfigError(f"data.tokenizer={d.tokenizer} holds no tokenizer.json or tokenizer_config.json; give "
+                              f"the directory a transformers tokenizer was saved to (save_pretrained)")
+    if m.init_from and _local(m.init_from):
+        p = _directory("model.init_from", m.init_from, "a local transformers model directory")
+        if not any(p.glob("*.safetensors")):
+            raise ConfigError(f"model.init_from={m.init_from} holds no *.safetensors weights (a pytorch_model.bin "
+                              f"is not read: unpickling can run code); save the model with "
+                              f"save_pretrained(safe_serialization=True)")
+    if cfg.resume and cfg.resume != "auto" and not Path(cfg.resume).expanduser().exists():
+        raise ConfigError(f"resume={cfg.resume}: no such checkpoint or run directory; give a checkpoint "
+                          f"(RUN_DIR/checkpoints/step_N), a run directory, or resume=auto")
