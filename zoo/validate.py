@@ -53,6 +53,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     _require(cfg.precision.dtype in DTYPES,
              f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPES)}")
     _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
+    _check_choices(cfg, cuda_available)
     _check_data(cfg, spec)
     check_paths(cfg, spec)
     _check_micro_batch(cfg, layout, cuda_available)
@@ -83,6 +84,43 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
 
     warnings += check_raw_keys(cfg, layout)
     return warnings
+
+
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+BACKENDS = ("gloo", "nccl", "mpi")
+PARTITION_METHODS = ("parameters", "uniform")
+
+
+def _check_choices(cfg: Config, cuda_available: bool) -> None:
+    """String keys with a fixed set of values (torch, DeepSpeed or wandb would refuse the
+    others only on the ranks, with a traceback)."""
+    import re
+
+    p, mode = cfg.parallel, cfg.logger.mode
+    _require(mode is None or mode in WANDB_MODES,
+             f"logger.mode={mode!r} is unknown; choose one of {list(WANDB_MODES)} (or null: online when wandb "
+             f"credentials exist, else offline)")
+    _require(p.backend is None or p.backend in BACKENDS,
+             f"parallel.backend={p.backend!r} is unknown; choose one of {list(BACKENDS)} (or null: nccl on CUDA, gloo "
+             f"on CPU)")
+    _require(p.backend != "nccl" or cuda_available,
+             "parallel.backend=nccl needs CUDA and no GPU is visible; use parallel.backend=gloo (or null) here")
+    if p.backend == "mpi":
+        import torch.distributed as dist
+
+        _require(dist.is_mpi_available(), "parallel.backend=mpi: this torch was built without MPI; use "
+                                          "parallel.backend=gloo (CPU) or nccl (CUDA), or null")
+    method = p.partition_method
+    if method.startswith("type:"):
+        try:
+            re.compile(method[len("type:"):])
+        except re.error as err:
+            raise ConfigError(f"parallel.partition_method={method!r}: {err} in the regular expression; give "
+                              f"type:REGEX matching layer class names, e.g. type:Block") from None
+    else:
+        _require(method in PARTITION_METHODS,
+                 f"parallel.partition_method={method!r} is unknown; choose one of {list(PARTITION_METHODS)} "
+                 f"or type:REGEX (stages balanced by the layers whose class name matches)")
 
 
 def _check_deepspeed_keys(cfg: Config) -> None:

@@ -32,6 +32,20 @@ def test_cfg_job_prints_the_composed_config(run_zoo):
     (["~trainer.max_steps"], "does not support deletion"),
     (["optim.betas=[1.5,0.9]"], "optim.betas=[1.5, 0.9] must be two numbers in [0, 1)"),
     (["model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1)"),
+    # Accepted and trained (or a traceback on the ranks) before the range and choice checks.
+    (["optim.min_lr=-1e-4"], "optim.min_lr=-0.0001 must be >= 0"),
+    (["optim.min_lr=0.01"], "optim.min_lr=0.01 is above optim.lr=0.001"),
+    (["optim.grad_clip=-1"], "optim.grad_clip=-1.0 must be >= 0 (0 disables clipping)"),
+    (["optim.eps=-1"], "optim.eps=-1.0 must be positive"),
+    (["data.num_workers=-1"], "data.num_workers=-1 must be >= 0"),
+    (["checkpoint.every=-5"], "checkpoint.every=-5 must be >= 0"),
+    (["data.vocab_size=1"], "data.vocab_size=1 must be >= 260"),
+    (["model.ffn_mult=0"], "model.ffn_mult=0 must be positive"),
+    (["+deepspeed.zero_optimization.stage=7"], "deepspeed.zero_optimization.stage is set by zoo"),
+    (["+deepspeed.zero_optimization.bogus=1"], "deepspeed.zero_optimization.bogus=1: DeepSpeed says"),
+    (["parallel=pp", "parallel.partition_method=bogus"], "parallel.partition_method='bogus' is unknown"),
+    (["parallel.backend=nccl"], "parallel.backend=nccl needs CUDA"),
+    (["logger.mode=sometimes"], "logger.mode='sometimes' is unknown"),
 ])
 def test_bad_input_is_one_message_and_exit_2(run_zoo, overrides, needle):
     run = run_zoo(*overrides, check=False)
