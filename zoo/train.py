@@ -143,8 +143,12 @@ def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from zoo.errors import ZooError
+
     try:
         launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s)
+    except ZooError as err:  # before any rank started
+        _fail(str(err), run_dir)
     except SignalException as err:  # the agent passed SIGTERM/SIGINT on to the ranks, which checkpointed
         sys.exit(128 + int(err.sigval))
     except ChildFailedError as err:

@@ -36,7 +36,13 @@ def wait_for_training(run_dir: Path, proc: subprocess.Popen, steps: int = 2) -> 
 
 
 def workers(proc: subprocess.Popen) -> list:
-    return [c for c in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+    """The rank processes: spawned (CUDA machines), or forked by the forkserver (zoo.launch)."""
+    found = []
+    for c in psutil.Process(proc.pid).children(recursive=True):
+        parent = c.parent()
+        if "spawn_main" in " ".join(c.cmdline()) or (parent and "forkserver" in " ".join(parent.cmdline())):
+            found.append(c)
+    return found
 
 
 @pytest.mark.parametrize("how", ["crash", "hang"])

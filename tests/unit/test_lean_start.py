@@ -38,3 +38,36 @@ def test_a_probed_table_keeps_its_other_entries():
     finally:
         deepspeed.ops.__compatible_ops__.clear()
         deepspeed.ops.__compatible_ops__.update(before)
+
+
+def test_the_local_launcher_forks_ranks_from_a_server_on_cpu_and_spawns_them_on_cuda(monkeypatch):
+    import torch
+
+    from zoo import launch
+
+    monkeypatch.delenv(launch.START_METHOD_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert launch.worker_start_method() == "forkserver"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert launch.worker_start_method() == "spawn"
+    monkeypatch.setenv(launch.START_METHOD_ENV, "forkserver")
+    assert launch.worker_start_method() == "forkserver"
+
+
+def test_every_module_the_server_preloads_exists():
+    import importlib.util
+
+    from zoo import launch
+
+    assert all(importlib.util.find_spec(name) is not None for name in launch.PRELOAD)
+
+
+def test_an_unknown_start_method_is_one_line(monkeypatch):
+    import pytest
+
+    from zoo import launch
+    from zoo.errors import ConfigError
+
+    monkeypatch.setenv(launch.START_METHOD_ENV, "fork")
+    with pytest.raises(ConfigError, match="ZOO_START_METHOD=fork is unknown; use spawn or forkserver"):
+        launch.worker_start_method()
