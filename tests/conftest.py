@@ -13,13 +13,43 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TIERS = {"e2e": "e2e", "slurm": "slurm"}  # folder under tests/ -> marker
 
+# The longest real runs (a minute or more each on 2 cores), marked `slow`: the README's test
+# command (and CI) leaves them out, `python -m pytest -q -m slow` runs them. Each has a
+# faster sibling in the default set that covers the same code path.
+SLOW = {
+    "tests/e2e/test_cli.py::test_main_job_trains_and_generates": "the 200-step default job; every family and "
+    "layout trains and generates in test_families/test_experiments",
+    "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[3d]": "GPT's 3d exactness stays",
+    "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[tp2-sp]": "GPT's sp exactness stays",
+    "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[pp2]": "llama tp2 and GPT pp stay",
+    "tests/e2e/test_families.py::test_allowed_combination_trains_and_reports[bert-3d]": "bert tp and pp stay",
+    "tests/e2e/test_families.py::test_allowed_combination_trains_and_reports[bert-zero2]": "zero1 and zero3 stay",
+    "tests/e2e/test_families.py::test_allowed_combination_trains_and_reports[cnn-zero2]": "zero1 and zero3 stay",
+    "tests/e2e/test_llama.py::test_import_under_3d_then_export_is_bitwise_and_transformers_agrees": "the export "
+    "of a llama trained under 3d stays",
+    "tests/e2e/test_experiments.py::test_experiment_runs_one_step[gpt_tiny_3d]": "GPT 3d exactness stays",
+    "tests/e2e/test_failures.py::test_a_rank_that_dies_or_hangs_ends_the_whole_job[hang]": "waits out a collective "
+    "timeout; the crash case stays",
+    "tests/e2e/test_checkpoint_compat.py::test_a_checkpoint_of_the_old_code_resumes[bert-layout1-False]": "the gpt "
+    "case stays",
+    "tests/e2e/test_hf.py::test_bert_import_into_pp_then_export_again": "BERT export and 3d import stay",
+    "tests/e2e/test_rundir_lock.py::test_a_running_directory_is_refused_and_a_killed_runs_lock_taken_over[layout1]":
+    "the one-rank case stays",
+    "tests/e2e/test_launchers.py::test_deepspeed_launcher[no-local-rank]": "the README's line stays",
+    "tests/slurm/test_slurm.py::test_warned_gpt_run_checkpoints_requeues_and_matches_uninterrupted_run": "the "
+    "requeue of a stand-in job and the 4-rank GPT run under srun stay",
+}
+
 
 def pytest_collection_modifyitems(items):
-    """Mark each test by its tier folder, so `-m "not e2e"` and `-m slurm` select by tier too."""
+    """Mark each test by its tier folder, so `-m "not e2e"` and `-m slurm` select by tier too,
+    and the longest runs `slow` (SLOW)."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
         if parts and parts[0] in TIERS:
             item.add_marker(getattr(pytest.mark, TIERS[parts[0]]))
+        if item.nodeid in SLOW:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
