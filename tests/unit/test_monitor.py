@@ -95,3 +95,18 @@ def test_the_loader_hands_out_exactly_the_asked_position(num_workers):
             assert [[t.tolist() for t in b] for b in got] == [[t.tolist() for t in b] for b in want], consumed
     finally:
         loader.close()
+
+
+def test_the_cpu_peak_is_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
+    from zoo.observe import flops
+
+    calls = []
+    monkeypatch.setattr(flops, "measured_matmul_flops", lambda dtype: calls.append(dtype) or 1.5e11)
+    first, how = flops.device_peak_flops(torch.device("cpu"), "fp32", str(tmp_path))
+    again, how_again = flops.device_peak_flops(torch.device("cpu"), "fp32", str(tmp_path))
+    assert (first, again, len(calls)) == (1.5e11, 1.5e11, 1)
+    assert "cached in" not in how and f"cached in {tmp_path / 'cpu_peak_flops.json'}" in how_again
+    flops.device_peak_flops(torch.device("cpu"), "bf16", str(tmp_path))  # another dtype: its own entry
+    assert len(calls) == 2
+    (tmp_path / "cpu_peak_flops.json").write_text("not json")  # a damaged file is measured again
+    assert flops.device_peak_flops(torch.device("cpu"), "fp32", str(tmp_path))[0] == 1.5e11 and len(calls) == 3

@@ -1,11 +1,15 @@
 """FLOPs and peaks for MFU: model FLOPs per token of a transformer (PaLM appendix B,
 nanoGPT's estimate_mfu: 6N + 12*L*H*Q*T), of any model by one counted forward pass
 (torch's FlopCounterMode, x3 for forward and backward), and the device's peak: NVIDIA's data
-sheets for CUDA (dense), a matmul timed once on CPU."""
+sheets for CUDA (dense), on CPU a matmul timed once per machine and cached."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 import time
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -74,7 +78,47 @@ def measured_matmul_flops(dtype: torch.dtype) -> float:
     return 2 * n ** 3 / best
 
 
-def device_peak_flops(device: torch.device, dtype: str) -> tuple[Optional[float], str]:
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cached_cpu_peak_flops(dtype: str, cache_dir: Optional[str] = None) -> tuple[float, str]:
+    """The CPU matmul peak for `dtype` at this process's threads, measured once per machine
+    (CPU model, threads, dtype, torch version) and kept in CACHE/cpu_peak_flops.json: timed at
+    every start it moved up to 2x between runs, and cost ~1 s. Delete the file to measure again."""
+    from data_pipelines.cache import cache_root
+
+    threads = torch.get_num_threads()
+    path = cache_root(cache_dir) / "cpu_peak_flops.json"
+    key = f"{_cpu_model()} | {threads} thread(s) | {dtype} | torch {torch.__version__}"
+    try:
+        table = json.loads(path.read_text())
+        if not isinstance(table, dict):
+            table = {}
+    except (OSError, ValueError):
+        table = {}
+    how = f"measured {dtype} matmul, {threads} thread(s)"
+    if isinstance(table.get(key), (int, float)) and table[key] > 0:
+        return float(table[key]), f"{how}, cached in {path}"
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    peak = measured_matmul_flops(torch_dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**table, key: peak}, indent=1))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: measured at every start instead
+        pass
+    return peak, how
+
+
+def device_peak_flops(device: torch.device, dtype: str, cache_dir: Optional[str] = None) -> tuple[Optional[float], str]:
     """(peak FLOP/s of one device for `dtype`, where the number comes from)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -86,5 +130,4 @@ def device_peak_flops(device: torch.device, dtype: str) -> tuple[Optional[float]
                     return tf32 * 1e12, f"{key} tf32"
                 return fp32 * 1e12, f"{key} fp32"
         return None, f"no peak known for {name}"
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
-    return measured_matmul_flops(torch_dtype), f"measured {dtype} matmul, {torch.get_num_threads()} thread(s)"
+    return cached_cpu_peak_flops(dtype, cache_dir)

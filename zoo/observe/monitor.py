@@ -154,8 +154,8 @@ class Monitor:
         self.tokens_per_step = t.global_batch_size * self.tokens_per_sample
         per_sample, self.flops_how = model_flops_per_sample(task)
         self.flops_per_step = per_sample * t.global_batch_size if per_sample else None
-        self.peak_flops, self.peak_source = (device_peak_flops(device, cfg.precision.dtype) if rank == 0
-                                             else (None, ""))
+        self.peak_flops, self.peak_source = (device_peak_flops(device, cfg.precision.dtype, cfg.data.cache_dir)
+                                             if rank == 0 else (None, ""))
         self.device_memory = device_memory_bytes(device)
         # Real tokens / padded slots of the run's batches, as the task says; fixed-size samples: 1.
         self.padding_efficiency = task.padding_efficiency() if rank == 0 else 1.0
