@@ -152,12 +152,26 @@ def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
     except SignalException as err:  # the agent passed SIGTERM/SIGINT on to the ranks, which checkpointed
         sys.exit(128 + int(err.sigval))
     except ChildFailedError as err:
-        rank, first = err.get_first_failure()
+        rank, first = _cause(err)
         if first.exitcode in REPORTED_EXITS:
-            sys.exit(first.exitcode)  # the rank that stopped first said why (the others were stopped)
+            sys.exit(first.exitcode)  # that rank said why (the others were stopped)
         print(f"zoo: rank {rank} failed first (exit code {first.exitcode}): {_last_error_line(first.message)}",
               file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def _cause(err):
+    """(rank, failure) that explains the others: a rank that stopped with a reported exit (it
+    printed why), else one killed by a signal (its peers then fail in a collective, "Connection
+    closed by peer", and may be seen first), else the agent's first failure."""
+    failures = sorted(err.failures.items())
+    for rank, failure in failures:
+        if failure.exitcode in REPORTED_EXITS:
+            return rank, failure
+    for rank, failure in failures:
+        if failure.exitcode < 0:
+            return rank, failure
+    return err.get_first_failure()
 
 
 def _last_error_line(message) -> str:

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -110,6 +111,10 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     init_distributed(cfg)
     try:
         _run(cfg, cfg_yaml, run_dir, device)
+    except RuntimeError as err:
+        if _peer_lost(err):  # let the launcher see the rank that died first: it is the one to report
+            time.sleep(PEER_LOST_GRACE_S)
+        raise
     except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (debug=true: the traceback)
         if cfg.debug:
             raise
@@ -119,6 +124,15 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
         raise SystemExit(USER_ERROR_EXIT_CODE) from None
     finally:  # on every way out: an error, a refusal, a signal
         leave_process_group()
+
+
+PEER_LOST_GRACE_S = 2.0
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Read error")
+
+
+def _peer_lost(err: BaseException) -> bool:
+    """A collective failed because another rank went away (gloo's words for it)."""
+    return any(text in str(err) for text in _PEER_LOST)
 
 
 def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None:

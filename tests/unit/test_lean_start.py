@@ -71,3 +71,10 @@ def test_an_unknown_start_method_is_one_line(monkeypatch):
     monkeypatch.setenv(launch.START_METHOD_ENV, "fork")
     with pytest.raises(ConfigError, match="ZOO_START_METHOD=fork is unknown; use spawn or forkserver"):
         launch.worker_start_method()
+
+
+def test_a_rank_whose_peer_went_away_is_told_apart():
+    from zoo.worker import _peer_lost
+
+    assert _peer_lost(RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
+    assert not _peer_lost(RuntimeError("CUDA out of memory"))
