@@ -4,7 +4,8 @@ The config zoo generates, with the raw keys merged over it, is built into DeepSp
 `DeepSpeedConfig` in the validation pass (its pydantic models refuse unknown keys inside
 sections and values out of their types or ranges; its sanity checks run too). Its error
 becomes one line naming the key. Top-level keys DeepSpeed never looks up (a misspelled
-section) are warned about. The keys zoo derives from its own config (the batch, the ZeRO
+section) are warned about. `checkpoint.load_universal` is refused first (DeepSpeed's
+universal loader unpickles with weights_only=False). The keys zoo derives from its own config (the batch, the ZeRO
 stage, the precision) are refused with the zoo key to set instead. DeepSpeed is imported
 only when raw keys are given.
 """
@@ -69,6 +70,11 @@ def check_raw_keys(cfg, layout) -> List[str]:
     raw = dict(cfg.deepspeed or {})
     if not raw:
         return []
+    ds_checkpoint = raw.get("checkpoint") or {}
+    if isinstance(ds_checkpoint, dict) and ds_checkpoint.get("load_universal"):  # a path zoo does not guard
+        raise ConfigError("deepspeed.checkpoint.load_universal=true is refused: DeepSpeed's universal-checkpoint "
+                          "loader unpickles its files with torch.load(weights_only=False), which runs any code a file "
+                          "holds; zoo's own checkpoints already resume on any layout (resume=PATH): drop the key")
     owned = [k for k in _flat(raw) if k in OWNED]
     if owned:
         raise ConfigError(f"deepspeed.{owned[0]} is set by zoo from its own config: set {OWNED[owned[0]]} instead "

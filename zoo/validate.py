@@ -79,7 +79,6 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
                  f"parallel.zero_stage={p.zero_stage} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine supports "
                  f"ZeRO stage 0 or 1 only; set parallel.zero_stage=1 or parallel.pp=1")
     _check_batches(cfg, layout, warnings)
-    _check_deepspeed_keys(cfg)
     from zoo.deepspeed_check import check_raw_keys
 
     warnings += check_raw_keys(cfg, layout)
@@ -121,16 +120,6 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
         _require(method in PARTITION_METHODS,
                  f"parallel.partition_method={method!r} is unknown; choose one of {list(PARTITION_METHODS)} "
                  f"or type:REGEX (stages balanced by the layers whose class name matches)")
-
-
-def _check_deepspeed_keys(cfg: Config) -> None:
-    """Raw `deepspeed:` keys that would take DeepSpeed down a path zoo does not guard
-    (DeepSpeed's own config model checks them after this: zoo.deepspeed_check)."""
-    ds_checkpoint = (cfg.deepspeed or {}).get("checkpoint") or {}
-    _require(not (isinstance(ds_checkpoint, dict) and ds_checkpoint.get("load_universal")),
-             "deepspeed.checkpoint.load_universal=true is refused: DeepSpeed's universal-checkpoint loader unpickles "
-             "its files with torch.load(weights_only=False), which runs any code a file holds; zoo's own "
-             "checkpoints already resume on any layout (resume=PATH): drop the key")
 
 
 def _check_data(cfg: Config, spec) -> None:
