@@ -30,10 +30,17 @@ class TaskStarted:
 
     def __call__(self) -> None:
         self.value = True
-        if self._held is not None:  # give stderr back, with anything Hydra wrote before the task
-            held, self._held = self._held, None
-            sys.stderr = held.real
+        self.give_back()  # with anything Hydra wrote before the task
+
+    def give_back(self, *, write: bool = True) -> str:
+        """Restore stderr if it is held; returns what was held (written to stderr unless not `write`)."""
+        if self._held is None:
+            return ""
+        held, self._held = self._held, None
+        sys.stderr = held.real
+        if write:
             sys.stderr.write(held.getvalue())
+        return held.getvalue()
 
 
 class _Held(io.StringIO):
@@ -43,28 +50,20 @@ class _Held(io.StringIO):
 
 
 def run_hydra_app(hydra_main: Callable[[], None], started: TaskStarted) -> None:
-    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    if not full:
+    holding = os.environ.get("HYDRA_FULL_ERROR") != "1"
+    if holding:
         started._held = sys.stderr = _Held(sys.stderr)
     try:
         hydra_main()
     except SystemExit as exc:
-        if not started.value:
-            held = started._held
-            if held is not None:
-                started._held, sys.stderr = None, held.real
-                if exc.code == 1:
-                    print(f"zoo: error: {hydra_message_line(held.getvalue())}", file=sys.stderr, flush=True)
-                    sys.exit(2)
-                sys.stderr.write(held.getvalue())
-            if exc.code == 1:
-                sys.exit(2)
+        if not started.value and exc.code == 1:
+            text = started.give_back(write=False)
+            if holding:
+                print(f"zoo: error: {hydra_message_line(text)}", file=sys.stderr, flush=True)
+            sys.exit(2)
         raise
     finally:
-        if started._held is not None:  # no task ran (--help, --cfg): pass on what was held
-            held, started._held = started._held, None
-            sys.stderr = held.real
-            sys.stderr.write(held.getvalue())
+        started.give_back()  # no task ran (--help, --cfg), or it exited otherwise: pass on what was held
 
 
 def hydra_message_line(text: str) -> str:
