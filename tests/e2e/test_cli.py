@@ -15,7 +15,8 @@ def test_cfg_job_prints_the_composed_config(run_zoo):
 
 @pytest.mark.parametrize("overrides, needle", [
     (["model=nope"], "model"),
-    (["trainer.max_step=5"], "max_step"),
+    (["trainer.max_step=5"], "trainer.max_step is not a key of the config: did you mean trainer.max_steps?"),
+    (["run_dir=/tmp/x"], "run_dir is not a key of the config: did you mean hydra.run.dir?"),
     (["trainer.micro_batch_size=abc"], "micro_batch_size"),
     (["precision=fp16"], "precision=fp16 needs CUDA"),
     (["trainer.global_batch_size=30", "trainer.micro_batch_size=4"], "trainer.global_batch_size=30"),

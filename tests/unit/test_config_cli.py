@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from zoo.config.cli import hydra_message_line, omegaconf_error_line, unknown_optional_choices
+from zoo.config.cli import hydra_message_line, nearest_key, omegaconf_error_line, schema_keys, unknown_optional_choices
 from zoo.config.schema import Config
 
 HYDRA_MISSING_OPTION = """In 'config': Could not find 'model/nope'
@@ -50,3 +50,30 @@ def test_an_optional_group_option_without_a_file_is_named():
     assert unknown_optional_choices({"experiment": None, "debug": None}) == []
     (problem,) = unknown_optional_choices({"experiment": "nope", "debug": None})
     assert problem.startswith("experiment=nope is not one of conf/experiment/") and "'gpt_tiny_3d'" in problem
+
+
+HYDRA_UNKNOWN_KEY = """Could not override 'trainer.max_step'.
+To append to your config use +trainer.max_step=5
+Key 'max_step' not in 'TrainerConfig'
+    full_key: trainer.max_step
+    object_type=TrainerConfig
+
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+"""
+
+
+def test_a_misspelled_key_gets_the_nearest_real_key_not_hydras_append_advice():
+    line = hydra_message_line(HYDRA_UNKNOWN_KEY)
+    assert line.startswith("trainer.max_step is not a key of the config: did you mean trainer.max_steps?")
+    assert "+trainer" not in line
+    assert nearest_key("model.max_steps") == "trainer.max_steps"  # the right leaf in another group
+    assert nearest_key("optim.lrr") == "optim.lr"
+    assert nearest_key("completely.unrelated") is None
+    keys = schema_keys()
+    assert "trainer.max_steps" in keys and "parallel.tp" in keys and "model" not in keys
+    # deepspeed.* is free-form: Hydra's own advice (+deepspeed.KEY) is the right one there
+    ds = HYDRA_UNKNOWN_KEY.replace("trainer.max_step", "deepspeed.foo")
+    assert "+deepspeed.foo" in hydra_message_line(ds)
+    schema = OmegaConf.structured(Config)
+    err = _raised(lambda: OmegaConf.merge(schema, OmegaConf.create({"trainer": {"max_step": 1}})))
+    assert "did you mean trainer.max_steps?" in omegaconf_error_line(err)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, List
@@ -66,9 +67,63 @@ def run_hydra_app(hydra_main: Callable[[], None], started: TaskStarted) -> None:
         started.give_back()  # no task ran (--help, --cfg), or it exited otherwise: pass on what was held
 
 
+def schema_keys() -> List[str]:
+    """Every dotted key of zoo's config schema (`trainer.max_steps`, ...)."""
+    import dataclasses
+    import typing
+
+    from zoo.config.schema import Config
+
+    def walk(cls, prefix: str):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            if dataclasses.is_dataclass(kind):
+                yield from walk(kind, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}"
+
+    return list(walk(Config, ""))
+
+
+def nearest_key(key: str) -> str | None:
+    """The schema key closest to a misspelled one (`trainer.max_step` -> `trainer.max_steps`)."""
+    import difflib
+
+    keys = schema_keys()
+    found = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    if not found:  # the right leaf in another group (`model.max_steps`)
+        leaf = key.rsplit(".", 1)[-1]
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
+        close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.8)
+        found = [by_leaf[close[0]]] if close else []
+    return found[0] if found else None
+
+
+ALIASES = {"run_dir": "hydra.run.dir", "output_dir": "hydra.run.dir", "out_dir": "hydra.run.dir"}
+_NOT_A_KEY = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_key_line(text: str) -> str | None:
+    """Hydra's 'Could not override KEY ... To append to your config use +KEY' for a key that
+    is not in zoo's schema: one line with the nearest real key instead of Hydra's advice."""
+    m = _NOT_A_KEY.search(text)
+    if not m or "not in '" not in text:
+        return None
+    key = m.group(1)
+    if key.split(".", 1)[0] in ("hydra", "deepspeed"):
+        return None
+    near = ALIASES.get(key) or nearest_key(key)
+    hint = f"did you mean {near}?" if near else "check its spelling"
+    return (f"{key} is not a key of the config: {hint} (`python -m zoo.train --cfg job` prints every key)")
+
+
 def hydra_message_line(text: str) -> str:
     """Hydra's multi-line composition error as one line: the message, the available options
     joined, without the search path and the HYDRA_FULL_ERROR hint."""
+    unknown = unknown_key_line(text)
+    if unknown:
+        return unknown
     parts: List[str] = []
     options: List[str] = []
     for line in text.splitlines():
@@ -97,7 +152,9 @@ def omegaconf_error_line(err) -> str:
 
     key, msg = getattr(err, "full_key", None) or "", str(getattr(err, "msg", "") or err).splitlines()[0]
     if isinstance(err, ConfigKeyError):
-        return (f"{key or 'a key'} is not a key of the config ({msg}); check its spelling "
+        near = (ALIASES.get(key) or nearest_key(key)) if key else None
+        hint = f"did you mean {near}?" if near else "check its spelling"
+        return (f"{key or 'a key'} is not a key of the config ({msg}); {hint} "
                 f"(`python -m zoo.train --cfg job` prints every key) or drop the override")
     if isinstance(err, InterpolationResolutionError):
         return (f"{key}: {msg}; set what it refers to, or give the interpolation a default "
