@@ -4,7 +4,7 @@ A `ZooError` is a user mistake or an unusable input (a config value, a data sour
 checkpoint, a run directory): its message names what is wrong, the numbers and the fix.
 Where ranks start (`zoo.train` before launch, `zoo.worker` on every rank under every
 launcher) it is caught once and printed as one line, `zoo: error: ...`, with exit code 2
-and no traceback (`debug=true` shows it). Anything else is a bug and keeps its traceback.
+and no traceback (`verbose=true`, or `debug=true`, shows it). Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 

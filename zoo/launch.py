@@ -64,7 +64,7 @@ def threads_per_rank(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
-def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int) -> None:
+def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbose: bool = False) -> None:
     """Start `nproc` workers of `zoo.worker.main` with torch's elastic launcher on this host
 (started as `worker_start_method` says).
 
@@ -83,6 +83,9 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int) -> Non
     threads = threads_per_rank(nproc)
     os.environ["ZOO_LOCAL_WORKER"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    from zoo.quiet import VERBOSE_ENV
+
+    os.environ[VERBOSE_ENV] = "1" if verbose else "0"
     start_method = worker_start_method()
     if start_method == "forkserver":
         import multiprocessing
@@ -97,7 +100,7 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int) -> Non
 START_METHOD_ENV = "ZOO_START_METHOD"
 
 
-PRELOAD = ("deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "torch._dynamo", "transformers",
+PRELOAD = ("zoo.quiet", "deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "torch._dynamo", "transformers",
            "zoo.trainer", "zoo.families", "zoo.worker")
 
 

@@ -12,6 +12,7 @@ runs as one rank under torchrun, the deepspeed launcher or srun.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -83,7 +84,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         layout, warnings = resolve_layout(cfg, env.world_size)
         warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
     except ZooError as err:
-        if cfg.debug:
+        if cfg.verbose:
             raise
         _fail(str(err), run_dir)
     if not cfg.resume:
@@ -146,7 +147,7 @@ def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
     from zoo.errors import ZooError
 
     try:
-        launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s)
+        launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s, cfg.verbose)
     except ZooError as err:  # before any rank started
         _fail(str(err), run_dir)
     except SignalException as err:  # the agent passed SIGTERM/SIGINT on to the ranks, which checkpointed
@@ -220,6 +221,12 @@ def _take_local_rank(argv: list) -> list:
     return out
 
 
+def _debug_alias(argv: list) -> list:
+    """`debug=true|false` means verbose=...: the `debug` group holds presets (debug=fast), and
+    Hydra would refuse a boolean group choice with a traceback."""
+    return [f"verbose={a.split('=', 1)[1].lower()}" if re.fullmatch(r"debug=(?i:true|false)", a) else a for a in argv]
+
+
 def _explicit_run_dir(argv) -> str | None:
     for arg in argv:
         if arg.startswith("hydra.run.dir="):
@@ -232,7 +239,7 @@ def main() -> None:
     from zoo.rundir import RunDirError, check_writable
 
     signals.install()  # before the slow imports: Slurm's warning may come during start-up
-    sys.argv[1:] = _take_local_rank(sys.argv[1:])
+    sys.argv[1:] = _debug_alias(_take_local_rank(sys.argv[1:]))
     run_dir = _explicit_run_dir(sys.argv[1:])
     # Hydra would fail on an unwritable run directory with a traceback. Without hydra.run.dir
     # the run goes under outputs/ in the working directory.

@@ -20,11 +20,13 @@ from zoo.checkpoint.weights import load_plain, save_weights
 from zoo.config.schema import Config
 from zoo.data_loading import StepLoader
 from zoo.engine import initialize_engine, micro_batching
+from zoo.families import family
 from zoo.families.task import Task
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
 from zoo.parallel.topology import Layout
+from zoo.quiet import held_stdout
 
 DIVERGED_EXIT_CODE = 3  # the loss stayed non-finite
 
@@ -35,7 +37,8 @@ class Trainer:
         self.run_dir = run_dir
         self.rank = dist.get_rank()
         torch.manual_seed(cfg.trainer.seed)
-        self.engine = initialize_engine(task.build_model(grid), cfg, layout, grid)
+        with held_stdout(cfg.verbose):  # DeepSpeed's pipeline module prints its seeds and stages
+            self.engine = initialize_engine(task.build_model(grid), cfg, layout, grid)
         self.pipelined = layout.pp > 1
         self.micro_batch_size, self.grad_accum = micro_batching(cfg, layout)
         self.dp_rank = grid.get_data_parallel_rank()
@@ -137,13 +140,14 @@ class Trainer:
         return loss
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean held-out loss; data-parallel ranks take disjoint batches."""
+    def evaluate(self) -> float | None:
+        """Mean held-out loss (None with trainer.eval_batches=0); data-parallel ranks take disjoint
+        batches. The worker refused a held-out split smaller than one round before training."""
         self.engine.eval()
         batches = self.task.eval_batches(self.cfg.trainer.eval_batches, micro_batch=self.micro_batch_size,
                                          dp_rank=self.dp_rank, dp_size=self.layout.dp)
         if not batches:
-            return float("nan")
+            return None
         if self.pipelined:  # already averaged over the data-parallel group
             return self.engine.eval_batch(iter(batches), num_micro_batches=len(batches)).float().item()
         return self._dp_mean(sum(self.engine(x, y).float() for x, y in batches) / len(batches))
@@ -197,15 +201,23 @@ class Trainer:
         local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, local)
-        self.log.summary({
-            "final_loss": loss, "eval_loss": eval_loss, **self.monitor.summary(train_time, self.step - first_step),
+        summary = {
+            "final_loss": loss, **({} if eval_loss is None else {"eval_loss": eval_loss}),
+            **self.monitor.summary(train_time, self.step - first_step),
             **extras, "tokens_per_s": tokens_per_step * (self.step - first_step) / train_time if train_time else 0.0,
             "steps": self.step, "world_size": self.layout.world_size, "tp": self.layout.tp,
             "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
             "params": self.task.num_params(), "params_per_rank": per_rank,
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
-            "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started})
+            "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started}
+        self.log.summary(summary)
+        if self.rank == 0:
+            from zoo.observe.result import result_lines
+
+            hf_export = family(self.cfg.model.family).hf is not None
+            for line in result_lines(summary, self.run_dir, export=hf_export):
+                self.log.write(line)
 
     def _agree(self, flags):
         """The maximum of each flag over all ranks (one small all-reduce per step)."""
@@ -262,10 +274,7 @@ class Trainer:
             model = self.task.plain_model()
             load_plain(model, state)
             model.eval()
-        extras = self.task.final_metrics(model, eval_loss)
-        if extras.get("sample"):
-            self.log.write(f"sample: {extras['sample']!r}")
-        return extras
+        return self.task.final_metrics(model, eval_loss)
 
     def close(self) -> None:
         """Stop the loader and the monitor, finish the tracker (with the exit code when a

@@ -73,14 +73,18 @@ def agree_run_dir(proposed: str) -> Path:
     return Path(chosen[0])
 
 
-def show_topology(layout: Layout, rank: int) -> str:
-    """The rank grid with each rank's host, printed by rank 0 (collective; '' on the others)."""
+def show_topology(layout: Layout, rank: int, verbose: bool = False) -> str:
+    """The rank grid with each rank's host (collective; '' on ranks but 0). Rank 0 prints its
+    first line and the hosts (verbose: all of it); the whole grid goes to topology.txt."""
     hosts = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
     if rank != 0:
         return ""
     text = describe_grid(layout, hosts)
-    print(text, end="", flush=True)
+    distinct = sorted(set(hosts))
+    shown = text if verbose else (f"{text.splitlines()[0]} on {len(distinct)} host(s) ({', '.join(distinct[:4])}"
+                                  f"{', ...' if len(distinct) > 4 else ''}); the rank grid goes to topology.txt\n")
+    print(shown, end="", flush=True)
     return text
 
 
@@ -106,6 +110,9 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     if threads:
         torch.set_num_threads(threads)
     cfg = config_from_yaml(cfg_yaml)
+    from zoo.quiet import quiet_third_party
+
+    quiet_third_party(cfg.verbose, int(os.environ.get("RANK", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = _device(local_rank)
     init_distributed(cfg)
@@ -115,8 +122,8 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
         if _peer_lost(err):  # let the launcher see the rank that died first: it is the one to report
             time.sleep(PEER_LOST_GRACE_S)
         raise
-    except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (debug=true: the traceback)
-        if cfg.debug:
+    except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (verbose=true: the traceback)
+        if cfg.verbose:
             raise
         # Rank 0 reports what every rank finds alike; a rank reports what only its own inputs showed.
         if dist.get_rank() == 0 or err.rank_local:
@@ -190,8 +197,11 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
            training: list) -> None:
     """Start and run the training; `training` gets an entry once the start is over."""
     rank = dist.get_rank()
-    topology = show_topology(layout, rank)
-    grid = build_grid(layout)
+    topology = show_topology(layout, rank, cfg.verbose)
+    from zoo.quiet import held_stdout
+
+    with held_stdout(cfg.verbose):  # DeepSpeed's `Using topology: ...`
+        grid = build_grid(layout)
 
     from zoo.families import family
     from zoo.trainer import Trainer
@@ -215,6 +225,11 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
         raise RunDirError(problem[0])
     if cfg.trainer.micro_batch_size == "auto":
         _find_micro_batch(cfg, layout, grid, task, device, rank)
+    from zoo.engine import micro_batching
+
+    small_split = task.check_eval_split(micro_batching(cfg, layout)[0], layout.dp)  # refuses one under a batch
+    if small_split and rank == 0:
+        print(f"zoo: warning: {small_split}", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, layout, grid, task, run_path, device)
     if rank == 0:  # written once the start went through: a refused start leaves an older run's files
         (run_path / "config.yaml").write_text(cfg_yaml)

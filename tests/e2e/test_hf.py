@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import REPO
 
-FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=2", "trainer.global_batch_size=8",
-        "trainer.micro_batch_size=2", "optim.warmup_steps=2"]
+from tests.e2e.conftest import HF_FAST as FAST
 
 
 def export(src, out):
@@ -21,13 +20,6 @@ def export(src, out):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
-
-
-@pytest.fixture(scope="module")
-def trained_3d(run_zoo, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("hf") / "run3d"
-    return run_zoo(*FAST, "parallel=3d", "parallel.num_microbatches=2", "parallel.dp=1", "trainer.max_steps=3",
-                   "checkpoint.every=3", run_dir=run_dir)
 
 
 @pytest.mark.parametrize("source", ["run_dir", "checkpoint"])

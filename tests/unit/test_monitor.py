@@ -11,7 +11,7 @@ from data_pipelines.schedule import micro_batch_start
 from zoo.data_loading import StepLoader
 from zoo.observe.comm_timer import CommTimer
 from zoo.observe.flops import forward_flops, transformer_flops_per_token
-from zoo.observe.monitor import diagnose
+from zoo.observe.monitor import Diagnoses, diagnose
 from zoo.worker import leave_process_group
 
 FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
@@ -70,6 +70,44 @@ def test_diagnosis_thresholds():
     assert set(found) == {"gpu_util", "peak_mem_share", "data_wait_share"}
     assert "activation_checkpointing" in found["peak_mem_share"] and "num_workers" in found["data_wait_share"]
     assert diagnose({"comm_share": 0.2, "data_wait_share": 0.05}) == {}
+
+
+def test_a_condition_is_diagnosed_once_after_the_first_window_and_again_when_it_moves():
+    d = Diagnoses()
+    assert d.new({"comm_share": 0.6}) == []  # the warm-up window
+    (line,) = d.new({"comm_share": 0.3})
+    assert line.startswith("communication 30%")
+    assert d.new({"comm_share": 0.35}) == [] and d.new({"comm_share": 0.25}) == []  # the same condition
+    assert d.new({"comm_share": 0.1}) == []  # gone...
+    assert d.new({"comm_share": 0.3}) == []  # ...and back as it was: said already
+    (moved,) = d.new({"comm_share": 0.5})
+    assert moved.startswith("communication 50%")
+    lines = d.new({"comm_share": 0.5, "data_wait_share": 0.2})
+    assert len(lines) == 1 and lines[0].startswith("waiting for data 20%")
+
+
+def test_an_mfu_above_the_peak_is_taken_out_and_said_once():
+    d = Diagnoses()
+    record = {"mfu": 2.76, "comm_share": 0.0}
+    (line,) = d.new(record, "measured bf16 matmul")
+    assert "mfu" not in record and record["mfu_impossible"] == 2.76
+    assert line.startswith("MFU reads 276%, above the device's peak (measured bf16 matmul)")
+    again = {"mfu": 2.5}
+    assert d.new(again) == [] and "mfu" not in again
+    fine = {"mfu": 0.4}
+    assert d.new(fine) == [] and fine["mfu"] == 0.4
+
+
+def test_the_cpu_peak_for_an_emulated_half_precision_is_the_fp32_rate(tmp_path, monkeypatch):
+    from zoo.observe import flops
+
+    rates = {torch.float32: 1e11, torch.bfloat16: 1.4e9}
+    monkeypatch.setattr(flops, "measured_matmul_flops", lambda dtype: rates[dtype])
+    peak, how = flops.device_peak_flops(torch.device("cpu"), "bf16", str(tmp_path))
+    assert peak == 1e11 and "bf16 matmul measured slower here" in how
+    rates[torch.bfloat16] = 3e11  # native bf16 units: their rate
+    (tmp_path / "cpu_peak_flops.json").unlink()
+    assert flops.device_peak_flops(torch.device("cpu"), "bf16", str(tmp_path))[0] == 3e11
 
 
 class PositionTask:

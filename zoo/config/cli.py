@@ -50,7 +50,9 @@ class _Held(io.StringIO):
         self.real = real
 
 
-def run_hydra_app(hydra_main: Callable[[], None], started: TaskStarted) -> None:
+def run_hydra_app(hydra_main: Callable[[], None], started: TaskStarted, schema=None) -> None:
+    """Run a Hydra entry point; a composition error becomes one line and exit 2. `schema` is
+    the entry point's config dataclass (default: training's Config), for the nearest-key hint."""
     holding = os.environ.get("HYDRA_FULL_ERROR") != "1"
     if holding:
         started._held = sys.stderr = _Held(sys.stderr)
@@ -60,19 +62,21 @@ def run_hydra_app(hydra_main: Callable[[], None], started: TaskStarted) -> None:
         if not started.value and exc.code == 1:
             text = started.give_back(write=False)
             if holding:
-                print(f"zoo: error: {hydra_message_line(text)}", file=sys.stderr, flush=True)
+                print(f"zoo: error: {hydra_message_line(text, schema)}", file=sys.stderr, flush=True)
             sys.exit(2)
         raise
     finally:
         started.give_back()  # no task ran (--help, --cfg), or it exited otherwise: pass on what was held
 
 
-def schema_keys() -> List[str]:
-    """Every dotted key of zoo's config schema (`trainer.max_steps`, ...)."""
+def schema_keys(schema=None) -> List[str]:
+    """Every dotted key of a config schema (default: training's; `trainer.max_steps`, ...)."""
     import dataclasses
     import typing
 
     from zoo.config.schema import Config
+
+    schema = schema or Config
 
     def walk(cls, prefix: str):
         hints = typing.get_type_hints(cls)
@@ -83,14 +87,14 @@ def schema_keys() -> List[str]:
             else:
                 yield f"{prefix}{f.name}"
 
-    return list(walk(Config, ""))
+    return list(walk(schema, ""))
 
 
-def nearest_key(key: str) -> str | None:
+def nearest_key(key: str, schema=None) -> str | None:
     """The schema key closest to a misspelled one (`trainer.max_step` -> `trainer.max_steps`)."""
     import difflib
 
-    keys = schema_keys()
+    keys = schema_keys(schema)
     found = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
     if not found:  # the right leaf in another group (`model.max_steps`)
         leaf = key.rsplit(".", 1)[-1]
@@ -104,7 +108,7 @@ ALIASES = {"run_dir": "hydra.run.dir", "output_dir": "hydra.run.dir", "out_dir":
 _NOT_A_KEY = re.compile(r"Could not override '([^']+)'")
 
 
-def unknown_key_line(text: str) -> str | None:
+def unknown_key_line(text: str, schema=None) -> str | None:
     """Hydra's 'Could not override KEY ... To append to your config use +KEY' for a key that
     is not in zoo's schema: one line with the nearest real key instead of Hydra's advice."""
     m = _NOT_A_KEY.search(text)
@@ -113,15 +117,15 @@ def unknown_key_line(text: str) -> str | None:
     key = m.group(1)
     if key.split(".", 1)[0] in ("hydra", "deepspeed"):
         return None
-    near = ALIASES.get(key) or nearest_key(key)
+    near = ALIASES.get(key) or nearest_key(key, schema)
     hint = f"did you mean {near}?" if near else "check its spelling"
-    return (f"{key} is not a key of the config: {hint} (`python -m zoo.train --cfg job` prints every key)")
+    return f"{key} is not a key of the config: {hint} (`--cfg job` prints every key)"
 
 
-def hydra_message_line(text: str) -> str:
+def hydra_message_line(text: str, schema=None) -> str:
     """Hydra's multi-line composition error as one line: the message, the available options
     joined, without the search path and the HYDRA_FULL_ERROR hint."""
-    unknown = unknown_key_line(text)
+    unknown = unknown_key_line(text, schema)
     if unknown:
         return unknown
     parts: List[str] = []

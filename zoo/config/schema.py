@@ -174,9 +174,12 @@ class TrainerConfig:
     log_every: int = 10
     """Log metrics every this many steps. Range: positive."""
     eval_batches: int = 20
-    """Held-out micro-batches evaluated at the end. Range: >= 0."""
+    """Held-out evaluation rounds (a micro-batch on every data-parallel rank) at the end; 0: no
+    evaluation. A held-out split smaller than one round is refused before training. Range: >= 0."""
     sample_tokens: int = 48
     """Tokens generated at the end of a language-model run (0: none). Range: >= 0."""
+    sample_prompt: Optional[str] = None
+    """The prompt of that sample; default: the first words of the first held-out document."""
     progress: bool = True
     """Progress bar on rank 0."""
     max_nonfinite_steps: int = 3
@@ -214,8 +217,9 @@ class Config:
     """`auto` (latest checkpoint in the run directory) or a checkpoint path."""
     deepspeed: Dict[str, Any] = field(default_factory=dict)
     """Raw DeepSpeed config keys merged verbatim over the generated config."""
-    debug: bool = False
-    """Show full tracebacks for config errors."""
+    verbose: bool = False
+    """Full output: tracebacks for user errors, every rank's and DeepSpeed's console lines
+    (`debug=true` on the command line means the same; `debug=` itself is the preset group)."""
 
 
 SECTIONS = {

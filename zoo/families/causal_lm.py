@@ -19,7 +19,7 @@ from data_pipelines.schedule import SampleStream
 from zoo.families.task import Batch, Task
 from zoo.families.transformer import padded_vocab
 
-PROMPT = "The for statement"
+PROMPT_TOKENS = 8  # the default prompt: this many tokens from the start of the held-out split
 
 
 class CausalLMTask(Task):
@@ -122,15 +122,24 @@ class CausalLMTask(Task):
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
         out: Dict[str, object] = {
-            "eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf"),
+            **({} if eval_loss is None else {"eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf")}),
             "unigram_perplexity": self._unigram_perplexity(),
             # What reading and packing skipped or repaired, counted (nothing is dropped silently).
             "data": {**self.data_counts, **{k: self.blocks.meta[k] for k in ("documents", "tokens", "tail_tokens_dropped")}}}
         n = self.cfg.trainer.sample_tokens
         if n > 0 and model is not None:
-            ids = torch.tensor([self.tokenizer(PROMPT)["input_ids"]])
+            prompt = self.sample_prompt()
+            ids = torch.tensor([self.tokenizer(prompt)["input_ids"]])
             gen = model.generate(ids, n, generator=torch.Generator().manual_seed(self.cfg.trainer.seed))
+            out["sample_prompt"] = prompt
             out["sample"] = self.tokenizer.decode(gen[0].tolist())
         return out
+
+    def sample_prompt(self) -> str:
+        """trainer.sample_prompt, else the first tokens of the held-out split (text of this corpus)."""
+        if self.cfg.trainer.sample_prompt:
+            return self.cfg.trainer.sample_prompt
+        rows = self.blocks.eval if len(self.blocks.eval) else self.blocks.train
+        return self.tokenizer.decode(np.asarray(rows[np.arange(1)])[0][:PROMPT_TOKENS].tolist()).strip() or "The"
 
 

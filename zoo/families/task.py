@@ -9,7 +9,7 @@ position (samples consumed globally), so a run can change tp, pp or dp and conti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ class Task:
         raise NotImplementedError
 
     def describe(self) -> str:
-        return f"{self.family}-{self.cfg.model.size}"
+        return f"{self.cfg.model.family}-{self.cfg.model.size}"
 
     # -- batches --------------------------------------------------------------------------
     def collate(self, split: str, indices: np.ndarray) -> Batch:
@@ -96,6 +96,33 @@ class Task:
         start = micro_batch_start(consumed, micro, global_batch=global_batch, micro_batch=micro_batch,
                                   dp_rank=dp_rank, dp_size=dp_size)
         return self._to_device(self.collate("train", self.stream.indices(start, micro_batch)))
+
+    def eval_rounds(self, micro_batch: int, dp_size: int) -> int:
+        """Evaluation rounds (one micro-batch on every data-parallel rank) this run makes:
+        trainer.eval_batches, or as many as the held-out split holds."""
+        return min(self.cfg.trainer.eval_batches, self.num_eval() // (micro_batch * dp_size))
+
+    def check_eval_split(self, micro_batch: int, dp_size: int) -> Optional[str]:
+        """Refuse (DataError) a held-out split smaller than one evaluation round: the run would
+        end without an evaluation. Returns a warning when it holds fewer rounds than asked."""
+        from zoo.errors import DataError
+
+        asked, held, per_round = self.cfg.trainer.eval_batches, self.num_eval(), micro_batch * dp_size
+        if asked == 0:
+            return None
+        source = "data.eval_path" if getattr(self.cfg.data, "eval_path", None) else \
+            f"data.eval_fraction={self.cfg.data.eval_fraction:g} of the data"
+        if held < per_round:
+            needed_fraction = self.cfg.data.eval_fraction * per_round / max(held, 1)
+            raise DataError(
+                f"the held-out split has {held} samples ({source}), fewer than one evaluation batch "
+                f"(micro-batch {micro_batch} x dp {dp_size} = {per_round}): the run would end without an "
+                f"evaluation; raise data.eval_fraction (to about {min(needed_fraction, 0.5):.2g}), use more data, "
+                f"or set trainer.eval_batches=0 to train without evaluating")
+        if held // per_round < asked:
+            return (f"trainer.eval_batches={asked} but the held-out split ({held} samples, {source}) holds "
+                    f"{held // per_round} evaluation batches of {per_round}: evaluating on {held // per_round}")
+        return None
 
     def eval_batches(self, rounds: int, *, micro_batch: int, dp_rank: int, dp_size: int) -> List[Batch]:
         """`rounds` held-out micro-batches for this rank; ranks take disjoint ones."""

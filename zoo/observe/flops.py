@@ -130,4 +130,10 @@ def device_peak_flops(device: torch.device, dtype: str, cache_dir: Optional[str]
                     return tf32 * 1e12, f"{key} tf32"
                 return fp32 * 1e12, f"{key} fp32"
         return None, f"no peak known for {name}"
-    return cached_cpu_peak_flops(dtype, cache_dir)
+    peak, how = cached_cpu_peak_flops(dtype, cache_dir)
+    if dtype != "fp32":  # a CPU without native bf16/fp16 units emulates them, slower than fp32
+        fp32, fp32_how = cached_cpu_peak_flops("fp32", cache_dir)
+        if fp32 > peak:
+            return fp32, (f"{fp32_how}: a {dtype} matmul measured slower here ({peak / 1e12:.3g} TFLOP/s), "
+                          f"so the fp32 rate is the device's peak")
+    return peak, how

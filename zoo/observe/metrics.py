@@ -32,14 +32,14 @@ def _clean(v: Any) -> Any:
 
 
 def _percent(value: float) -> str:
-    return f"{value:.0%}" if value >= 0.01 or value == 0 else f"{value:.1%}"
+    return f"{value:.1%}"  # one precision for every reading: 1.0% and 35.0%, never 1% next to 0.2%
 
 
 def console_line(r: Dict[str, Any]) -> str:
     """One logged step on the console: what is there of the monitor's readings."""
     parts = [f"step {r['step']:>6}", f"loss {r['loss']:.4f}", f"lr {r['lr']:.2e}"]
     if r.get("grad_norm") is not None:
-        parts.append(f"gnorm {float(r['grad_norm']):.3g}")
+        parts.append(f"gnorm {float(r['grad_norm']):#.3g}")  # three digits, trailing zeros kept: 1.00, 0.797
     if "loss_scale" in r:
         parts.append(f"scale {r['loss_scale']:g}")
     speed = (f"{r['tokens_per_s']:,.0f} tok/s" if r["tokens_per_s"] != r["samples_per_s"]

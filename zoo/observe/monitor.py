@@ -141,6 +141,41 @@ def diagnose(record: dict) -> Dict[str, str]:
     return out
 
 
+class Diagnoses:
+    """Which diagnosis lines a window's record newly deserves. The first window holds the
+    warm-up (first collectives, allocations): no diagnosis from it. A condition is said once,
+    and again only when its reading moved 1.5x away from what was said (communication 25% ->
+    40%). An MFU above 100% is a wrong peak, not a fast model: it is taken out of the record
+    (kept as `mfu_impossible`) and said once."""
+
+    CHANGE = 1.5
+
+    def __init__(self):
+        self.windows = 0
+        self.said: Dict[str, float] = {}
+        self.mfu_said = False
+
+    def new(self, record: dict, peak_source: str = "") -> List[str]:
+        lines = []
+        if record.get("mfu", 0) > 1:
+            record["mfu_impossible"] = record.pop("mfu")
+            if not self.mfu_said:
+                self.mfu_said = True
+                lines.append(f"MFU reads {record['mfu_impossible']:.0%}, above the device's peak "
+                             f"({peak_source or 'unknown'}): the peak is wrong for this device, so MFU is left "
+                             f"out of this run's readings")
+        found = diagnose(record) if self.windows else {}
+        self.windows += 1
+        if found:
+            record["diagnosis"] = list(found.values())
+        for key, line in found.items():
+            said = self.said.get(key)
+            if said is None or not (said / self.CHANGE <= record[key] <= said * self.CHANGE):
+                self.said[key] = record[key]
+                lines.append(line)
+        return lines
+
+
 class Monitor:
     """Measures on every rank; `report` (collective: call it on every rank at the same step)
     combines the ranks' readings of the window since the last report."""
@@ -162,7 +197,7 @@ class Monitor:
         self.comm = CommTimer(device)
         self.comm.install()
         self.gpu = GpuUtilization(device)
-        self.firing: set = set()
+        self.diagnoses = Diagnoses()
         self.totals = {"wall": 0.0, "comm": 0.0, "data_wait": 0.0, "peak_mem_share": 0.0}
         self.start_window()
 
@@ -205,19 +240,18 @@ class Monitor:
             "step_time_s": step_time, "mfu": self.mfu(step_time),
             "peak_mem_bytes": int(ranks[:, 2].max()), "peak_mem_share": float(ranks[:, 2].max()) / self.device_memory,
             "gpu_util": float(utils.mean()) if len(utils) else None,
-            "comm_share": min(1.0, float(ranks[:, 0].mean())), "data_wait_share": min(1.0, float(ranks[:, 1].max())),
+            # One rank has no peer to communicate with: its few no-op collectives are no share.
+            "comm_share": min(1.0, float(ranks[:, 0].mean())) if self.layout.world_size > 1 else None,
+            "data_wait_share": min(1.0, float(ranks[:, 1].max())),
             "padding_efficiency": self.padding_efficiency,
             "comm_s_by_call": {k: round(v, 6) for k, v in sorted(comm_by_call.items())},
         }
         record = {k: v for k, v in record.items() if v is not None}
-        for key, share in (("wall", 1.0), ("comm", record["comm_share"]), ("data_wait", record["data_wait_share"])):
+        for key, share in (("wall", 1.0), ("comm", record.get("comm_share", 0.0)),
+                           ("data_wait", record["data_wait_share"])):
             self.totals[key] += share * window
         self.totals["peak_mem_share"] = max(self.totals["peak_mem_share"], record["peak_mem_share"])
-        found = diagnose(record)
-        if found:
-            record["diagnosis"] = list(found.values())
-        new = [line for key, line in found.items() if key not in self.firing]
-        self.firing = set(found)
+        new = self.diagnoses.new(record, self.peak_source)
         self.start_window()
         return record, new
 
@@ -231,9 +265,11 @@ class Monitor:
         wall = self.totals["wall"]
         if not (wall and steps and train_time):  # nothing trained (max_steps=0, or resumed at the end)
             return {"padding_efficiency": self.padding_efficiency}
-        out = {"samples_per_s": self.samples_per_step * steps / train_time, "comm_share": self.totals["comm"] / wall,
+        mfu = self.mfu(train_time / steps)
+        out = {"samples_per_s": self.samples_per_step * steps / train_time,
+               "comm_share": self.totals["comm"] / wall if self.layout.world_size > 1 else None,
                "data_wait_share": self.totals["data_wait"] / wall, "padding_efficiency": self.padding_efficiency,
-               "peak_mem_share": self.totals["peak_mem_share"], "mfu": self.mfu(train_time / steps)}
+               "peak_mem_share": self.totals["peak_mem_share"], "mfu": mfu if mfu is None or mfu <= 1 else None}
         return {k: v for k, v in out.items() if v is not None}
 
     def close(self) -> None:

@@ -8,8 +8,9 @@ it and is handed to the engine as its mpu; nothing here is global.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,39 @@ def group_lists(topo) -> dict:
             "DP": topo.get_axis_comm_lists("data")}
 
 
+def _natural_key(name: str):
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def compress_hosts(names) -> str:
+    """Host names in natural order with numbered runs compressed as Slurm writes them:
+    node1, node2, node3, node7, gpu-a -> `gpu-a,node[1-3,7]` (node2 before node10)."""
+    by_prefix: Dict[str, List[tuple]] = {}
+    for name in set(names):
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        prefix, number = (m.group(1), m.group(2)) if m else (name, None)
+        by_prefix.setdefault(prefix, []).append((number, name))
+    out = []
+    for prefix in sorted(by_prefix, key=_natural_key):
+        items = by_prefix[prefix]
+        plain = [name for number, name in items if number is None]
+        numbered = sorted((int(n), n) for n, _ in items if n is not None)
+        out += plain
+        if len(numbered) == 1:
+            out.append(prefix + numbered[0][1])
+        elif numbered:
+            runs, start, prev = [], numbered[0], numbered[0]
+            for cur in numbered[1:] + [None]:
+                unpadded = cur is not None and cur[1] == str(cur[0]) and prev[1] == str(prev[0])
+                if cur is not None and cur[0] == prev[0] + 1 and (unpadded or len(cur[1]) == len(prev[1])):
+                    prev = cur
+                    continue
+                runs.append(start[1] if start == prev else f"{start[1]}-{prev[1]}")
+                start = prev = cur
+            out.append(f"{prefix}[{','.join(runs)}]")
+    return ",".join(out)
+
+
 def describe_grid(layout: Layout, hosts: Sequence[str]) -> str:
     """The device topology diagram: each rank's coordinates and host, then every group."""
     topo = build_topology(layout)
@@ -53,7 +87,7 @@ def describe_grid(layout: Layout, hosts: Sequence[str]) -> str:
         lines.append(f"{rank:>4}  {c.data:>2}  {c.pipe:>2}  {c.model:>2}  {hosts[rank] if rank < len(hosts) else '?'}")
     for kind, groups in group_lists(topo).items():
         for g in groups:
-            lines.append(f"{kind} group: {list(g)}  hosts {sorted({hosts[r] for r in g if r < len(hosts)})}")
+            lines.append(f"{kind} group: {list(g)}  hosts {compress_hosts(hosts[r] for r in g if r < len(hosts))}")
     return "\n".join(lines) + "\n"
 
 

@@ -46,8 +46,30 @@ def _hydra_main(dcfg: DictConfig) -> None:
         sys.exit(2)
 
 
+def unplanned_family(argv) -> str | None:
+    """`model=bert`: a family without a planner description, refused in one line before
+    Hydra composes (BERT's and the CNN's model files set training's data group, which the
+    planner's config does not have)."""
+    from zoo.families import FAMILIES
+
+    for arg in argv:
+        if arg.startswith("model=") and arg[6:] in FAMILIES and FAMILIES[arg[6:]].planner is None:
+            planned = sorted(name for name, spec in FAMILIES.items() if spec.planner is not None)
+            return (f"{arg}: the planner describes {planned} so far; zoo's {arg[6:]} sizes (BERT-large's 340M "
+                    f"parameters at most) fit one GPU as data-parallel replicas: train with parallel=ddp or "
+                    f"zero1..3, and trainer.micro_batch_size=auto finds the micro-batch on a GPU")
+    return None
+
+
 def main() -> None:
-    run_hydra_app(_hydra_main, _task_started)
+    from zoo.quiet import quiet_third_party
+
+    problem = unplanned_family(sys.argv[1:])
+    if problem:
+        print(f"zoo.plan: error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    quiet_third_party("verbose=true" in sys.argv[1:])  # DeepSpeed's accelerator line (plan.verbose's diagram)
+    run_hydra_app(_hydra_main, _task_started, PlanRunConfig)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,16 @@ topology diagram (text), or one JSON object with every candidate (json)."""
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import List, Optional
 
 from zoo.plan.layout import stage_layer_counts
 from zoo.plan.memory import model_state_bytes
 from zoo.plan.search import GB, Candidate, Plan
 from zoo.plan.step_time import spans_nodes
+
+
+WIDTH = 110  # the text output's lines (the training command stays one line, to copy)
 
 
 def _best(cands: List[Candidate], pred) -> Optional[Candidate]:
@@ -136,28 +140,74 @@ def render_text(p: Plan) -> str:
                 _row(1, smallest)]
         return "\n".join(out) + "\n"
     lay = best.layout
-    out.append(f"RECOMMENDED: tp={lay.tp} pp={lay.pp} dp={lay.dp} zero_stage={lay.zero_stage} "
-               f"micro_batch_size={lay.micro_batch_size} grad_accum={lay.grad_accum} "
-               f"activation_checkpointing={str(lay.activation_checkpointing).lower()}")
-    out.append(f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s; "
-               "step: " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items() if k != "total"))
+    head = [f"RECOMMENDED: tp={lay.tp} pp={lay.pp} dp={lay.dp} zero_stage={lay.zero_stage} "
+            f"micro_batch_size={lay.micro_batch_size} grad_accum={lay.grad_accum} "
+            f"activation_checkpointing={str(lay.activation_checkpointing).lower()}",
+            f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s",
+            "  step (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items() if k != "total"),
+            "  train with: python -m zoo.train " + " ".join(train_overrides(p, best))]
+    # The recommendation leads; then its reasons, the setting it was planned for, the runners-up.
+    why = [textwrap.fill(r, WIDTH, initial_indent="- ", subsequent_indent="  ") for r in reasons(p)]
+    out = head + ["", "Why:"] + why + [""] + [textwrap.fill(line, WIDTH, subsequent_indent="  ") for line in out]
+    out += [f"Best {min(p.plan.top, len(p.candidates))} of {len(p.candidates)} (memory in GB per GPU):", HEADER]
+    out += [_row(i + 1, x) for i, x in enumerate(p.candidates[:p.plan.top])]
+    out += ["", "Device topology of the recommended layout:"]
+    if p.plan.verbose:
+        from zoo.parallel.topology import describe_grid  # imports DeepSpeed: only the full diagram needs it
+
+        hosts = [f"node{r // c.gpus_per_node}" for r in range(lay.world_size)]
+        out.append(trimmed_diagram(describe_grid(lay.grid, hosts), p.plan.diagram_ranks).rstrip("\n"))
+    else:
+        out += topology_summary(lay, c) + ["  (plan.verbose=true lists every rank and group)"]
+    return "\n".join(out) + "\n"
+
+
+def train_overrides(p: Plan, best: Candidate) -> List[str]:
+    """The `python -m zoo.train` overrides that reproduce the planned run: the model as given
+    (family, size and every changed key), the precision planned for (training defaults to
+    fp32), the layout and the batch."""
+    from dataclasses import fields
+
+    from zoo.config.schema import ModelConfig
+
+    lay, model = best.layout, p.model
+    out = []
+    if model is not None:
+        out += [f"model={model.family}", f"model.size={model.size}"]
+        defaults = ModelConfig(family=model.family)
+        out += [f"model.{f.name}={getattr(model, f.name)}" for f in fields(ModelConfig)
+                if f.name not in ("family", "size", "activation_checkpointing")
+                and getattr(model, f.name) != getattr(defaults, f.name)]
     batch = (f"parallel.num_microbatches={lay.grad_accum}" if lay.pp > 1  # the engine derives the micro-batch
              else f"trainer.micro_batch_size={lay.micro_batch_size}")
-    out.append(f"  train with: parallel.tp={lay.tp} parallel.pp={lay.pp} parallel.zero_stage={lay.zero_stage} "
-               f"{batch} trainer.global_batch_size={p.global_batch_size} "
-               f"model.activation_checkpointing={str(lay.activation_checkpointing).lower()}"
-               + (" parallel.sequence_parallel=true" if lay.tp > 1 and p.plan.sequence_parallel else ""))
-    out += ["", "Why:"] + [f"- {r}" for r in reasons(p)]
-    out += ["", f"Best {min(p.plan.top, len(p.candidates))} of {len(p.candidates)} (memory in GB per GPU):", HEADER]
-    out += [_row(i + 1, x) for i, x in enumerate(p.candidates[:p.plan.top])]
-    from zoo.parallel.topology import (
-        describe_grid,  # imports DeepSpeed: only the text output needs it
-    )
+    out += [f"precision={p.dtype}", f"parallel.tp={lay.tp}", f"parallel.pp={lay.pp}", f"parallel.dp={lay.dp}",
+            f"parallel.zero_stage={lay.zero_stage}", batch, f"trainer.global_batch_size={p.global_batch_size}",
+            f"model.activation_checkpointing={str(lay.activation_checkpointing).lower()}"]
+    if lay.tp > 1 and p.plan.sequence_parallel:
+        out.append("parallel.sequence_parallel=true")
+    return out
 
-    hosts = [f"node{r // c.gpus_per_node}" for r in range(lay.world_size)]
-    out += ["", "Device topology of the recommended layout:",
-            trimmed_diagram(describe_grid(lay.grid, hosts), p.plan.diagram_ranks).rstrip("\n")]
-    return "\n".join(out) + "\n"
+
+def topology_summary(lay, c) -> List[str]:
+    """The recommended layout's device topology in a few lines: where each kind of group sits."""
+    from zoo.parallel.topology import compress_hosts
+
+    world, per_node = lay.world_size, c.gpus_per_node
+    hosts = compress_hosts(f"node{r // per_node}" for r in range(world))
+    out = [f"  {world} ranks on {hosts} ({min(per_node, world)} per node); ranks are ordered dp, pp, tp (tp fastest)"]
+    if lay.tp > 1:
+        inside = per_node % lay.tp == 0
+        out.append(f"  tensor parallel: {world // lay.tp} groups of {lay.tp} adjacent ranks, "
+                   + ("each inside one node" if inside else f"SOME CROSS NODES ({lay.tp} does not divide {per_node})"))
+    if lay.pp > 1:
+        replica = lay.tp * lay.pp
+        where = "across nodes" if replica > per_node else "inside one node"
+        out.append(f"  pipeline: {lay.pp} stages of {lay.tp} rank(s) per replica, neighbours {lay.tp} ranks apart, "
+                   f"a replica's {replica} ranks {where}")
+    if lay.dp > 1:
+        out.append(f"  data parallel: {lay.dp} replicas of {lay.tp * lay.pp} rank(s), outermost"
+                   + (" (across nodes)" if world > per_node else ""))
+    return out
 
 
 def render_json(p: Plan) -> str:

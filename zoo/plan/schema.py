@@ -80,6 +80,8 @@ class PlanConfig:
     parallelism while the model fits)."""
     top: int = 8
     """Candidates listed in the text output."""
+    verbose: bool = False
+    """The text output's full topology diagram (every rank and group); default: a summary."""
     diagram_ranks: int = 64
     """The text output's topology diagram lists at most this many ranks and groups of each kind."""
 

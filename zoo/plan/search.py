@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
+from zoo.config.schema import ModelConfig
 from zoo.plan.families import ModelDesc, describe_model
 from zoo.plan.layout import PlanLayout
 from zoo.plan.memory import MemoryEstimate, layout_memory
@@ -97,11 +98,29 @@ def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, pla
                          f"{tp_sizes(desc, cluster.gpus_per_node)} and pp at most {desc.n_layer}, with tp*pp "
                          f"dividing {cluster.nodes * cluster.gpus_per_node}")
     if not out:
-        step = min(dps) * min(plan.micro_batch_sizes)
-        raise ValueError(f"trainer.global_batch_size={global_batch_size} is not a multiple of micro_batch * dp for "
-                         f"any layout tried (dp in {sorted(dps)}, micro-batch in {list(plan.micro_batch_sizes)}); set "
-                         f"it to a multiple of {step}, e.g. {max(1, round(global_batch_size / step)) * step}")
+        raise ValueError(_no_layout_message(desc, cluster, global_batch_size, plan))
     return out
+
+
+def _no_layout_message(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, plan: PlanConfig) -> str:
+    """Why no layout takes this global batch, and the smallest one that some layout takes:
+    per grid the batch must be a multiple of micro-batch x dp, and a pipeline needs at least
+    pp micro-batches per step."""
+    micro = min(plan.micro_batch_sizes)
+    best = None  # (smallest admissible global batch, tp, pp, dp)
+    for tp, pp, dp in _grids(desc, cluster, plan):
+        unit = micro * dp
+        need = max(global_batch_size, unit * (pp if pp > 1 else 1))
+        batch = -(-need // unit) * unit
+        best = min(best, (batch, tp, pp, dp)) if best else (batch, tp, pp, dp)
+    batch, tp, pp, dp = best
+    world = cluster.nodes * cluster.gpus_per_node
+    need = f"micro-batch {micro} x dp {dp}" + (f" x {pp} micro-batches (at least pp per step)" if pp > 1 else "")
+    return (f"trainer.global_batch_size={global_batch_size} admits no layout on {world} GPUs: each tp x pp x dp "
+            f"grid needs a multiple of micro-batch x dp, and a pipeline at least pp micro-batches per step; the "
+            f"smallest global batch any grid takes is {batch} (tp={tp} pp={pp} dp={dp}: {need}): set "
+            f"trainer.global_batch_size={batch} or more (the plan then says whether it fits), or use fewer GPUs "
+            f"(cluster.nodes)")
 
 
 def rank_key(c: Candidate) -> tuple:
@@ -147,6 +166,8 @@ class Plan:
     """Search and output settings."""
     candidates: List[Candidate]
     """Every layout, ranked (fitting ones first, fastest first)."""
+    model: Optional[ModelConfig] = None
+    """The model section as given (for the training command that reproduces the plan)."""
 
     @property
     def recommended(self) -> Optional[Candidate]:
@@ -163,4 +184,4 @@ def make_plan(cfg: PlanRunConfig) -> Plan:
     desc = describe_model(cfg.model, cfg.plan.vocab_size)
     cands = enumerate_layouts(desc, cfg.cluster, cfg.trainer.global_batch_size, dtype=cfg.precision.dtype, plan=cfg.plan)
     return Plan(desc=desc, cluster=cfg.cluster, dtype=cfg.precision.dtype,
-                global_batch_size=cfg.trainer.global_batch_size, plan=cfg.plan, candidates=cands)
+                global_batch_size=cfg.trainer.global_batch_size, plan=cfg.plan, candidates=cands, model=cfg.model)

@@ -15,7 +15,7 @@ def test_rank_grid_for_8_ranks():
     assert sorted(map(sorted, groups["PP"])) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert sorted(map(sorted, groups["DP"])) == [[0, 4], [1, 5], [2, 6], [3, 7]]  # outermost: across nodes
     text = describe_grid(Layout(tp=2, pp=2, dp=2), [f"node{r // 4}" for r in range(8)])
-    assert "TP group: [0, 1]  hosts ['node0']" in text and "DP group: [0, 4]  hosts ['node0', 'node1']" in text
+    assert "TP group: [0, 1]  hosts node0" in text and "DP group: [0, 4]  hosts node[0-1]" in text
 
 
 COMMON = ["trainer.max_steps=10", "trainer.global_batch_size=24", "model.n_layer=8", *STEPS]

@@ -50,12 +50,48 @@ def test_json_shape():
 
 def test_text_gives_reasons_and_the_topology():
     text = run(plan_cfg("model.size=gpt3-175b", "cluster.nodes=128", "trainer.global_batch_size=1536",
-                        "plan.diagram_ranks=4"))
+                        "plan.diagram_ranks=4", "plan.verbose=true"))
     for phrase in ("Tensor parallelism inside a node: tp=8", "Pipeline parallelism across nodes",
                    "Data parallelism outermost", "bubble (p-1)/(m+p-1)", "Gradient accumulation",
-                   "train with: parallel.tp=8", "parallel.num_microbatches=", "TP group: [0, 1, 2, 3, 4, 5, 6, 7]  hosts ['node0']",
+                   "parallel.tp=8", "parallel.num_microbatches=", "TP group: [0, 1, 2, 3, 4, 5, 6, 7]  hosts node0",
                    "(rank lines after the first 4 left out)"):
         assert phrase in text, phrase
+
+
+def test_the_recommendation_leads_and_the_text_fits_a_terminal():
+    """The README's 175B example: the recommendation and its command in the first lines, the
+    rank grid only with plan.verbose=true, lines at most 110 characters but the command."""
+    lines = run(plan_cfg("model.size=gpt3-175b", "cluster.nodes=128", "trainer.global_batch_size=1536")).splitlines()
+    assert lines[0].startswith("RECOMMENDED: tp=8 ") and lines[3].startswith("  train with: python -m zoo.train ")
+    assert len(lines) <= 45 and not any("group: [" in line for line in lines)
+    assert all(len(line) <= 110 for i, line in enumerate(lines) if i != 3)
+    assert "  1024 ranks on node[0-127] (8 per node); ranks are ordered dp, pp, tp (tp fastest)" in lines
+    assert "  tensor parallel: 128 groups of 8 adjacent ranks, each inside one node" in lines
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.size=gpt3-175b", "cluster.nodes=128", "trainer.global_batch_size=1536"],
+    ["model.size=small", "model.n_layer=6", "cluster=dgx-h100", "trainer.global_batch_size=64"],
+    ["model.size=medium", "precision=fp32", "cluster=cpu", "trainer.global_batch_size=16"],
+])
+def test_the_printed_command_reproduces_the_planned_layout_and_dtype(overrides):
+    from zoo.config.schema import Config
+    from zoo.validate import resolve_layout
+
+    text = run(plan_cfg(*overrides))
+    command = next(line for line in text.splitlines() if line.startswith("  train with: "))
+    train_overrides = command.split("python -m zoo.train ", 1)[1].split()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg: Config = OmegaConf.to_object(compose(config_name="config", overrides=train_overrides))
+    best = json.loads(run(plan_cfg(*overrides, "plan.format=json")))["recommended"]
+    layout, _ = resolve_layout(cfg, best["tp"] * best["pp"] * best["dp"])
+    assert (layout.tp, layout.pp, layout.dp, layout.zero_stage) == (best["tp"], best["pp"], best["dp"],
+                                                                    best["zero_stage"])
+    planned = plan_cfg(*overrides)
+    assert cfg.precision.dtype == planned.precision.dtype
+    assert cfg.model == planned.model or cfg.model.activation_checkpointing == best["activation_checkpointing"]
+    assert (cfg.model.size, cfg.model.n_layer) == (planned.model.size, planned.model.n_layer)
+    assert cfg.trainer.global_batch_size == planned.trainer.global_batch_size
 
 
 def test_nothing_fits_says_so():
@@ -90,7 +126,7 @@ def test_nothing_fits_says_so():
     ("plan.prefer_simpler_within=1", r"plan.prefer_simpler_within=1.0 must be in \[0, 1\)"),
     ("plan.zero_bucket_elems=0", "plan.zero_bucket_elems=0 must be positive"),
     ("model.family=cnn", r"model.family='cnn' has no planner description"),
-    ("trainer.global_batch_size=7", r"trainer.global_batch_size=7 is not a multiple of micro_batch \* dp"),
+    ("trainer.global_batch_size=7", r"trainer.global_batch_size=7 admits no layout on 8 GPUs"),
 ])
 def test_bad_inputs(override, message):
     overrides = [override] + (["plan.micro_batch_sizes=[2]"] if "global_batch_size=7" in override else [])
@@ -111,4 +147,33 @@ def test_cli_json_prints_only_json_and_errors_exit_2():
     assert bad.returncode == 2 and bad.stdout == ""
     assert "zoo.plan: error: cluster.gpus_per_node=0 must be positive" in bad.stderr
     typo = _cli("cluster.nodez=3")
-    assert typo.returncode == 2 and "Key 'nodez' not in 'ClusterConfig'" in typo.stderr
+    assert typo.returncode == 2 and "cluster.nodez is not a key of the config: did you mean cluster.nodes?" in typo.stderr
+
+
+@pytest.mark.parametrize("size", ["tiny", "smollm-135m"])
+def test_the_llama_description_counts_the_real_models_parameters(size):
+    import torch
+
+    from zoo.config.schema import ModelConfig
+    from zoo.families import family
+    from zoo.families.transformer import padded_vocab
+    from zoo.plan.families import describe_model
+
+    cfg = ModelConfig(family="llama", size=size)
+    desc = describe_model(cfg, 50257)
+    spec = family("llama")
+    with torch.device("meta"):
+        model = spec.model(spec.shape(cfg, padded_vocab(50257, cfg)))
+    assert desc.num_params == sum(p.numel() for p in model.parameters())
+    assert desc.tp_divides["model.n_kv_head"] == spec.shape(cfg).n_kv_head and not desc.head_ties_embedding
+
+
+def test_a_family_without_a_planner_is_refused_in_one_line():
+    for model in ("bert", "cnn"):
+        proc = subprocess.run([sys.executable, "-m", "zoo.plan", f"model={model}"], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == ""
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"zoo.plan: error: model={model}: the planner describes ['gpt', 'llama']")
+    text = run(plan_cfg("model=llama", "model.size=llama3-8b", "cluster.nodes=2", "trainer.global_batch_size=512"))
+    assert text.startswith("RECOMMENDED: ") and "model=llama model.size=llama3-8b precision=bf16" in text

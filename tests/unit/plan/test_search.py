@@ -1,6 +1,8 @@
 """What the planner enumerates and recommends, and the fit check training calls."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from zoo.config.schema import Config, ModelConfig
@@ -113,16 +115,26 @@ def test_predict_fit_bad_inputs(kwargs, message):
 
 
 def test_unknown_family_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"model.family='bert' has no planner description; the planner knows \['gpt'\]"):
+    with pytest.raises(ValueError, match=r"model.family='bert' has no planner description; the planner knows "
+                                         r"\['gpt', 'llama'\]"):
         describe_model(ModelConfig(family="bert"), 30522)
 
 
 def test_batch_that_no_layout_divides():
-    with pytest.raises(ValueError, match=r"trainer.global_batch_size=7 is not a multiple of micro_batch \* dp for any "
-                                         r"layout tried \(dp in \[1, 2\], micro-batch in \[2\]\); set it to a multiple "
-                                         r"of 2, e.g. 8"):
+    with pytest.raises(ValueError, match=r"trainer.global_batch_size=7 admits no layout on 2 GPUs: .* the smallest "
+                                         r"global batch any grid takes is 8 \(tp=1 pp=1 dp=2: micro-batch 2 x dp 2\)"):
         enumerate_layouts(gpt("tiny"), ClusterConfig(nodes=1, gpus_per_node=2, name="cpu"), 7,
                           plan=PlanConfig(micro_batch_sizes=[2]))
+
+
+def test_the_batch_it_proposes_is_one_some_layout_takes():
+    """The README's 175B example at the default global batch 32: 1024 GPUs leave dp >= 2 or
+    long pipelines; the proposed batch must be admitted (before, it proposed 32 itself)."""
+    cluster = ClusterConfig(nodes=128, gpus_per_node=8, name="dgx-a100")
+    with pytest.raises(ValueError, match=r"the smallest global batch any grid takes is (\d+)") as err:
+        enumerate_layouts(gpt("gpt3-175b"), cluster, 32, plan=PlanConfig())
+    proposed = int(re.search(r"takes is (\d+)", str(err.value)).group(1))
+    assert proposed > 32 and enumerate_layouts(gpt("gpt3-175b"), cluster, proposed, plan=PlanConfig())
 
 
 def test_no_grid_for_the_pinned_tp():

@@ -113,8 +113,7 @@ class BertTask(Task):
         """Masked-token accuracy on the held-out samples the trainer evaluated, the accuracy of
         always predicting the most frequent training token there, and the padding efficiency."""
         micro, dp = self._micro_and_dp()
-        per_round = micro * dp
-        count = min(self.cfg.trainer.eval_batches, self.num_eval() // per_round) * per_round
+        count = self.eval_rounds(micro, dp) * micro * dp
         ids = np.asarray(self.samples.ids)
         counts = np.bincount(np.concatenate([ids[self.samples.offsets[i]:self.samples.offsets[i + 1]]
                                              for i in self.samples.train]), minlength=self.shape.vocab_size)

@@ -64,8 +64,7 @@ class CNNTask(Task):
         """Top-1 accuracy on the held-out images the trainer evaluated (with
         trainer.eval_batches large enough: all of them)."""
         micro = micro_batching(self.cfg, self.layout)[0]
-        per_round = micro * self.layout.dp
-        count = min(self.cfg.trainer.eval_batches, self.num_eval() // per_round) * per_round
+        count = self.eval_rounds(micro, self.layout.dp) * micro * self.layout.dp
         if count == 0:
             return {}
         x, y = self.collate("eval", np.arange(count))

@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 from zoo.errors import ConfigError
 from zoo.families.causal_lm import CausalLMTask
-from zoo.families.llama import hf
+from zoo.families.llama import hf, plan
 from zoo.families.spec import FamilySpec, HFConverter
 from zoo.families.transformer import PLACEHOLDER_VOCAB, check_transformer, imported_dims
 from zoo.models.llama import (
@@ -83,7 +83,7 @@ SPEC = FamilySpec(
     name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=_shape, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,
-    pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN,
+    pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN, planner=plan.describe,
     hf=HFConverter(model_types=("llama",), loads_as="LlamaForCausalLM", meta_from_config=hf.meta_from_config,
                    to_hf=hf.to_hf, from_hf=hf.from_hf),
 )

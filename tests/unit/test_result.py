@@ -1,0 +1,45 @@
+"""The block a finished run ends with (zoo.observe.result) and the console line's number formats."""
+from __future__ import annotations
+
+from zoo.observe.metrics import console_line
+from zoo.observe.result import result_lines
+
+GPT = {"final_loss": 4.1, "eval_loss": 4.0, "eval_perplexity": 54.6, "unigram_perplexity": 631.5,
+       "sample_prompt": "The for", "sample": "The for statement\nloops", "tokens_per_s": 4627.9,
+       "samples_per_s": 36.2, "mfu": 0.249, "steps": 200, "peak_mem_bytes": 457363456, "wall_time_s": 81.3}
+
+
+def test_a_finished_run_states_its_result_where_it_is_and_what_next(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "checkpoints").mkdir()
+    lines = result_lines(GPT, tmp_path)
+    assert lines[0] == "zoo: result: eval loss 4.0000, perplexity 54.6 (unigram 631.5)"
+    assert lines[1] == ("zoo: run: 200 steps, 81.3 s from the first step to the end, 4,628 tokens/s, MFU 24.9%, "
+                        "peak memory 0.43 GiB")
+    # the sample as text, one indented line per line, not a repr with \n escapes
+    assert lines[2:5] == ["zoo: sample (prompt 'The for'):", "    The for statement", "    loops"]
+    assert lines[5] == f"zoo: run directory {tmp_path}: model.safetensors (weights), checkpoints/ (checkpoints)"
+    assert lines[6] == f"zoo: next: python -m zoo.export {tmp_path} {tmp_path}/hf"
+    assert any("resume=auto" in line for line in lines[7:])
+    # no export line for a family without a Hugging Face form
+    assert not any("zoo.export" in line for line in result_lines(GPT, tmp_path, export=False))
+
+
+def test_each_family_states_its_own_metric_and_no_evaluation_is_said(tmp_path):
+    bert = {"eval_loss": 2.5, "eval_accuracy": 0.31, "baseline_accuracy": 0.05, "eval_masked_tokens": 900,
+            "tokens_per_s": 100.0, "samples_per_s": 1.0}
+    assert result_lines(bert, tmp_path)[0] == ("zoo: result: eval loss 2.5000, masked-token accuracy 31.0% "
+                                               "(baseline 5.0%)")
+    cnn = {"eval_loss": 0.2, "eval_accuracy": 0.95, "majority_class_accuracy": 0.1, "samples_per_s": 50.0,
+           "tokens_per_s": 50.0}
+    lines = result_lines(cnn, tmp_path)
+    assert lines[0] == "zoo: result: eval loss 0.2000, top-1 accuracy 95.0% (baseline 10.0%)"
+    assert "50.0 samples/s" in lines[1]
+    assert result_lines({"final_loss": 3.0}, tmp_path)[0] == "zoo: result: no evaluation (trainer.eval_batches=0)"
+
+
+def test_console_numbers_have_one_precision():
+    base = {"step": 1, "loss": 1.0, "lr": 1e-3, "tokens_per_s": 10.0, "samples_per_s": 1.0, "step_time_s": 0.1}
+    line = console_line({**base, "grad_norm": 1.0, "comm_share": 0.01, "data_wait_share": 0.002})
+    assert "gnorm 1.00" in line and "comm 1.0%" in line and "data wait 0.2%" in line
+    assert "gnorm 0.797" in console_line({**base, "grad_norm": 0.797})

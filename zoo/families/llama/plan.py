@@ -1,0 +1,51 @@
+"""What the planner needs to know about zoo's Llama (`zoo.plan.families.ModelDesc`): per piece
+its parameters, the activations backward keeps, its FLOPs and its tensor-parallel traffic."""
+from __future__ import annotations
+
+from zoo.config.schema import ModelConfig
+from zoo.families.transformer import padded_vocab, shape_from_config
+from zoo.models.llama import llama_shape
+from zoo.plan.families import Activations, ModelDesc, ParamCount, Piece
+
+
+def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
+    """zoo's Llama (`zoo.models.llama`): pre-RMSNorm blocks without biases, grouped-query
+    attention (k_proj and v_proj map h to n_kv_head * head_dim), a SwiGLU MLP (three matrices
+    of h x intermediate), rotary positions (no parameters), an untied LM head, no dropout.
+
+    Activations per token of a layer, as for GPT (Korthikanti et al. 2022, 4.1) with
+    `F.scaled_dot_product_attention` (no a*s scores kept): split over tp, Q (h), K and V
+    (kv each, rotated), the attention output (h), the gate and up outputs and the down
+    projection's input (3 x intermediate); replicated unless sequence parallelism splits them,
+    the two RMSNorm inputs and the two column-parallel inputs (4h). RoPE's backward needs only
+    its cos/sin tables, SiLU's its input (the gate output, counted)."""
+    vocab = padded_vocab(vocab_size, cfg)
+    d = shape_from_config(llama_shape, cfg, vocab)
+    h, inter, s, v = d.n_embd, d.intermediate_size, d.block_size, d.vocab_size
+    kv = d.n_kv_head * d.head_dim
+    matmul_params = h * h + 2 * h * kv + h * h + 3 * h * inter  # q, k, v, o, gate, up, down
+    layer = Piece(params=ParamCount(sharded=matmul_params, replicated=2 * h),  # the two RMSNorm weights
+                  activations=Activations(tp_elems=2 * h + 2 * kv + 3 * inter, sp_elems=4 * h),
+                  checkpoint=Activations(sp_elems=h),
+                  fwd_flops_per_token=2 * matmul_params + 4 * h * s,  # + QK^T and AV over all query heads
+                  # after o_proj's and down_proj's row-parallel outputs in forward, before the
+                  # column-parallel inputs in backward
+                  tp_allreduce_elems_per_token=4 * h)
+    embedding = Piece(params=ParamCount(sharded=v * h), activations=Activations(), checkpoint=Activations(),
+                      fwd_flops_per_token=0, tp_allreduce_elems_per_token=h)  # the vocab-parallel lookup's sum
+    # model.norm and the untied lm_head. Kept: the norm's and lm_head's inputs (h each), the
+    # logits (V/tp in the dtype) and the loss's float32 softmax over them (V/tp * 4 bytes).
+    head = Piece(params=ParamCount(sharded=v * h, replicated=h),
+                 activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
+                 checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
+                 fwd_flops_per_token=2 * v * h,
+                 tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward)
+    vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
+    keys = ("n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "block_size", "vocab_size")
+    overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in keys if getattr(cfg, k) is not None)
+    return ModelDesc(name=f"llama {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
+                     layers=(layer,) * d.n_layer, head=head, head_ties_embedding=False, tokens_per_sample=s,
+                     hidden_size=h, gemm_shape=(h, min(h, kv)),
+                     tp_divides={"model.n_head": d.n_head, "model.n_kv_head": d.n_kv_head,
+                                 "model.intermediate_size": inter,
+                                 vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})

@@ -1,0 +1,62 @@
+"""The block a finished run ends with on the console: its result (the family's metric against
+its baseline), speed and memory, where the run directory is and what is in it, the sample as
+text, and the next commands. Built from summary.json's values, so the console and the file
+say the same."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List
+
+NEXT = ("python -m zoo.export {run} {run}/hf", "python -m zoo.compare {run} [OTHER_RUN ...]",
+        "python -m zoo.train hydra.run.dir={run} resume=auto trainer.max_steps=N  (continue, on any layout)")
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _metric(s: Dict[str, Any]) -> str:
+    """The family's held-out result in words."""
+    loss = _number(s.get("eval_loss"))
+    if loss is None:
+        return "no evaluation (trainer.eval_batches=0)"
+    parts = [f"eval loss {loss:.4f}"]
+    if "eval_perplexity" in s:
+        ppl = _number(s["eval_perplexity"])
+        parts.append(f"perplexity {ppl:,.1f}" if ppl is not None else "perplexity overflows (loss >= 50)")
+        if _number(s.get("unigram_perplexity")):
+            parts[-1] += f" (unigram {s['unigram_perplexity']:,.1f})"
+    if "eval_accuracy" in s:
+        base = s.get("baseline_accuracy", s.get("majority_class_accuracy"))
+        what = "masked-token accuracy" if "eval_masked_tokens" in s else "top-1 accuracy"
+        parts.append(f"{what} {s['eval_accuracy']:.1%}" + (f" (baseline {base:.1%})" if _number(base) is not None else ""))
+    return ", ".join(parts)
+
+
+def _contents(run_dir: Path) -> str:
+    known = [("model.safetensors", "weights"), ("checkpoints", "checkpoints"), ("metrics.jsonl", "metrics"),
+             ("summary.json", "summary"), ("config.yaml", "config"), ("topology.txt", "rank grid"),
+             ("tokenizer", "tokenizer"), ("wandb", "wandb files")]
+    have = [f"{name}{'/' if (run_dir / name).is_dir() else ''} ({what})" for name, what in known
+            if (run_dir / name).exists()]
+    return ", ".join(have) or "nothing"
+
+
+def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True) -> List[str]:
+    speed = (f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") and s.get("tokens_per_s") !=
+             s.get("samples_per_s") else f"{s.get('samples_per_s', 0):,.1f} samples/s")
+    facts = [f"{s.get('steps', 0)} steps, {s.get('wall_time_s', 0):.1f} s from the first step to the end", speed]
+    if _number(s.get("mfu")) is not None:
+        facts.append(f"MFU {s['mfu']:.1%}")
+    if s.get("peak_mem_bytes"):
+        facts.append(f"peak memory {s['peak_mem_bytes'] / 2**30:.2f} GiB")
+    lines = ["zoo: result: " + _metric(s), "zoo: run: " + ", ".join(facts)]
+    if s.get("sample"):
+        lines.append(f"zoo: sample (prompt {s.get('sample_prompt', '')!r}):")
+        lines += ["    " + line for line in str(s["sample"]).splitlines() or [""]]
+    lines.append(f"zoo: run directory {run_dir}: {_contents(run_dir)}")
+    commands = [cmd.format(run=run_dir) for cmd in (NEXT if export else NEXT[1:])]  # a CNN has no HF form
+    lines.append("zoo: next: " + commands[0])
+    lines += ["           " + cmd for cmd in commands[1:]]
+    return lines
