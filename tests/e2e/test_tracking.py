@@ -51,9 +51,10 @@ def read_offline_run(path: Path) -> dict:
         kind = r.WhichOneof("record_type")
         if kind == "run":
             run = r.run
-        elif kind == "history":
+        elif kind == "history":  # a history row updates the summary too, in the order of the records
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                             for item in r.history.item})
+            summary.update({k: v for k, v in history[-1].items() if not k.startswith("_")})
         elif kind == "summary":
             summary.update({item.key: json.loads(item.value_json) for item in r.summary.update if item.key})
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
@@ -108,6 +109,9 @@ def test_offline_run_logs_config_history_and_summary(offline):
             assert h[key] == pytest.approx(m[key], rel=1e-12), key
     assert logged["summary"]["final_loss"] == pytest.approx(offline.summary["final_loss"])
     assert logged["summary"]["eval_loss"] == pytest.approx(offline.summary["eval_loss"])
+    # the run's figures, not the last step's: the summary is written after the last history row
+    for key in ("tokens_per_s", "mfu"):
+        assert logged["summary"][key] == pytest.approx(offline.summary[key], rel=1e-9), key
     # the same run directory resumed later continues this wandb run
     assert (offline.run_dir / "wandb_run_id").read_text().strip() in run_dirs[0].name
 

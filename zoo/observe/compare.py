@@ -92,6 +92,36 @@ def differing_keys(runs: List[Run]) -> List[str]:
     return [k for k in keys if len({json.dumps(r.config.get(k, "<unset>"), sort_keys=True) for r in runs}) > 1]
 
 
+LABEL_KEYS = 3  # differing keys named in a run's label at most
+
+
+def _layout(r: Run) -> Optional[str]:
+    s = r.summary
+    if all(k in s for k in ("tp", "pp", "dp", "zero_stage")):
+        return f"tp{s['tp']}-pp{s['pp']}-dp{s['dp']}_zero{s['zero_stage']}"
+    c = r.config
+    if "parallel.tp" in c:
+        return f"tp{c.get('parallel.tp')}-pp{c.get('parallel.pp')}-dp{c.get('parallel.dp')}_zero{c.get('parallel.zero_stage')}"
+    return None
+
+
+def labels(runs: List[Run]) -> List[str]:
+    """Each run named by what differs: its layout when a parallel key differs, then the other
+    differing keys (`tp2-pp1-dp1_zero0 lr=0.0003`); the directory name where nothing differs
+    or the labels would collide."""
+    diff = differing_keys(runs)
+    parallel = any(k.startswith("parallel.") for k in diff)
+    others = [k for k in diff if not k.startswith("parallel.")][:LABEL_KEYS]
+    out = []
+    for r in runs:
+        parts = ([_layout(r) or ""] if parallel else []) + [f"{k.split('.')[-1]}={r.config.get(k, '<unset>')}"
+                                                            for k in others]
+        out.append(" ".join(p for p in parts if p) or r.name)
+    if len(set(out)) < len(out):
+        out = [f"{label} ({r.name})" if label != r.name else label for label, r in zip(out, runs)]
+    return out
+
+
 def _cell(value: Any, fmt: Optional[str]) -> str:
     if value is None:
         return "-"
@@ -113,6 +143,7 @@ def table(runs: List[Run]) -> str:
         if any(key in r.summary for r in runs):
             rows.append((label, [_cell(r.summary.get(key), fmt) for r in runs]))
     names = [r.name for r in runs]
+    rows.insert(0, ("run", labels(runs)))
     width0 = max(len(label) for label, _ in rows)
     widths = [max([len(n)] + [len(cells[i]) for _, cells in rows if cells]) for i, n in enumerate(names)]
     lines = ["  ".join([" " * width0] + [n.rjust(w) for n, w in zip(names, widths)])]
@@ -132,10 +163,10 @@ def plot(runs: List[Run], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in runs:
+    for r, label in zip(runs, labels(runs)):
         steps = [m["step"] for m in r.history]
-        loss_ax.plot(steps, [float(m["loss"]) for m in r.history], marker=".", label=r.name)
-        speed_ax.plot(steps, [m.get("tokens_per_s", float("nan")) for m in r.history], marker=".", label=r.name)
+        loss_ax.plot(steps, [float(m["loss"]) for m in r.history], marker=".", label=label)
+        speed_ax.plot(steps, [m.get("tokens_per_s", float("nan")) for m in r.history], marker=".", label=label)
     loss_ax.set(xlabel="step", ylabel="training loss", title="loss")
     speed_ax.set(xlabel="step", ylabel="tokens/s", title="throughput")
     for ax in (loss_ax, speed_ax):

@@ -41,7 +41,9 @@ class WandbTracker:
         self.run = run
 
     def log(self, values: Mapping[str, Any], step: int) -> None:
-        self.run.log({k: v for k, v in values.items() if k != "step"}, step=step)
+        # Committed now: wandb otherwise holds a row until the next step or finish(), and the last
+        # row then lands after the run's summary and overwrites it with the last step's figures.
+        self.run.log({k: v for k, v in values.items() if k != "step"}, step=step, commit=True)
 
     def summary(self, values: Mapping[str, Any]) -> None:
         self.run.summary.update(dict(values))
