@@ -144,8 +144,8 @@ class Trainer:
         """Mean held-out loss (None with trainer.eval_batches=0); data-parallel ranks take disjoint
         batches. The worker refused a held-out split smaller than one round before training."""
         self.engine.eval()
-        batches = self.task.eval_batches(self.cfg.trainer.eval_batches, micro_batch=self.micro_batch_size,
-                                         dp_rank=self.dp_rank, dp_size=self.layout.dp)
+        batches = self.task.eval_batches(micro_batch=self.micro_batch_size, dp_rank=self.dp_rank,
+                                         dp_size=self.layout.dp)
         if not batches:
             return None
         if self.pipelined:  # already averaged over the data-parallel group

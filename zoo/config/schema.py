@@ -173,9 +173,10 @@ class TrainerConfig:
     """Seed for init, data order and dropout. Range: in [0, 4294967296)."""
     log_every: int = 10
     """Log metrics every this many steps. Range: positive."""
-    eval_batches: int = 20
-    """Held-out evaluation rounds (a micro-batch on every data-parallel rank) at the end; 0: no
-    evaluation. A held-out split smaller than one round is refused before training. Range: >= 0."""
+    eval_batches: Optional[int] = None
+    """Held-out evaluation rounds (a micro-batch on every data-parallel rank) at the end. None:
+    the whole held-out split, at most 100 rounds; 0: no evaluation. A held-out split smaller
+    than one round is refused before training, one smaller than a set value is warned about. Range: >= 0."""
     sample_tokens: int = 48
     """Tokens generated at the end of a language-model run (0: none). Range: >= 0."""
     sample_prompt: Optional[str] = None

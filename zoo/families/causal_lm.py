@@ -140,6 +140,7 @@ class CausalLMTask(Task):
         if self.cfg.trainer.sample_prompt:
             return self.cfg.trainer.sample_prompt
         rows = self.blocks.eval if len(self.blocks.eval) else self.blocks.train
-        return self.tokenizer.decode(np.asarray(rows[np.arange(1)])[0][:PROMPT_TOKENS].tolist()).strip() or "The"
+        text = self.tokenizer.decode(np.asarray(rows[np.arange(1)])[0][:PROMPT_TOKENS].tolist()).strip()
+        return text.split("\n", 1)[0].strip() or text or "The"  # its first line
 
 

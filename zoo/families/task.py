@@ -20,6 +20,7 @@ from zoo.config.schema import Config
 from zoo.parallel.topology import Layout, tp_group
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
+DEFAULT_EVAL_ROUNDS = 100  # trainer.eval_batches=None: the whole held-out split, at most this many rounds
 
 
 class Task:
@@ -100,7 +101,8 @@ class Task:
     def eval_rounds(self, micro_batch: int, dp_size: int) -> int:
         """Evaluation rounds (one micro-batch on every data-parallel rank) this run makes:
         trainer.eval_batches, or as many as the held-out split holds."""
-        return min(self.cfg.trainer.eval_batches, self.num_eval() // (micro_batch * dp_size))
+        asked = self.cfg.trainer.eval_batches
+        return min(DEFAULT_EVAL_ROUNDS if asked is None else asked, self.num_eval() // (micro_batch * dp_size))
 
     def check_eval_split(self, micro_batch: int, dp_size: int) -> Optional[str]:
         """Refuse (DataError) a held-out split smaller than one evaluation round: the run would
@@ -119,15 +121,15 @@ class Task:
                 f"(micro-batch {micro_batch} x dp {dp_size} = {per_round}): the run would end without an "
                 f"evaluation; raise data.eval_fraction (to about {min(needed_fraction, 0.5):.2g}), use more data, "
                 f"or set trainer.eval_batches=0 to train without evaluating")
-        if held // per_round < asked:
+        if asked is not None and held // per_round < asked:
             return (f"trainer.eval_batches={asked} but the held-out split ({held} samples, {source}) holds "
                     f"{held // per_round} evaluation batches of {per_round}: evaluating on {held // per_round}")
         return None
 
-    def eval_batches(self, rounds: int, *, micro_batch: int, dp_rank: int, dp_size: int) -> List[Batch]:
-        """`rounds` held-out micro-batches for this rank; ranks take disjoint ones."""
+    def eval_batches(self, *, micro_batch: int, dp_rank: int, dp_size: int) -> List[Batch]:
+        """This rank's held-out micro-batches, one per round (`eval_rounds`); ranks take disjoint ones."""
         per_round = micro_batch * dp_size
-        rounds = min(rounds, self.num_eval() // per_round)
+        rounds = self.eval_rounds(micro_batch, dp_size)
         return [self._to_device(self.collate("eval", np.arange(r * per_round + dp_rank * micro_batch,
                                                                r * per_round + (dp_rank + 1) * micro_batch)))
                 for r in range(rounds)]
