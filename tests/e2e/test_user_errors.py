@@ -44,12 +44,22 @@ def _bert_with_a_gpt_tokenizer(tmp_path):
     return ["model=bert", f"data.tokenizer={tmp_path / 'tok'}"]
 
 
+def _eval_split_under_one_batch(tmp_path):
+    """58 short documents (the new user's corpus of #22): 1% held out is under one micro-batch of 8."""
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"note {i}: " + "some words here " * 40}) + "\n"
+                                                 for i in range(58)))
+    return ["data=files", f"data.path={tmp_path / 'docs.jsonl'}", "data.eval_fraction=0.01",
+            "trainer.micro_batch_size=8", "trainer.global_batch_size=16", "trainer.eval_batches=1"]
+
+
 CASES = {
     "empty data file": (_empty_jsonl, "data.path"),
     "no text column": (_no_text_column, "text"),
     "missing resume path": (_missing_resume, "resume="),
     "init_from without safetensors": (_init_from_without_safetensors, "safetensors"),
     "bert tokenizer without special tokens": (_bert_with_a_gpt_tokenizer, "mask_token"),
+    "held-out split under one batch": (_eval_split_under_one_batch, "fewer than one evaluation batch (micro-batch 8 "
+                                                                    "x dp 1 = 8)"),
 }
 
 
