@@ -20,7 +20,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.config.cli import TaskStarted, run_hydra_app
+from zoo.config.cli import CONF, TaskStarted, run_hydra_app
 from zoo.config.schema import Config, config_from_yaml, register_configs
 
 register_configs()
@@ -184,7 +184,7 @@ def _last_error_line(message) -> str:
     return lines[-1][:500] if lines else "(no message)"
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
+@hydra.main(version_base=None, config_path=str(CONF), config_name="config")  # absolute: also when imported
 def _hydra_main(dcfg: DictConfig) -> None:
     _task_started()
     from hydra.core.hydra_config import HydraConfig
@@ -260,4 +260,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # The importable module's main, not this __main__ copy's: Hydra's submitit launcher pickles
+    # the task function, and cloudpickle copies a function of __main__ by value, with its
+    # globals (the held stderr among them: not picklable); zoo.train's is pickled by name.
+    import zoo.train
+
+    zoo.train.main()

@@ -127,6 +127,26 @@ def test_debug_cpu_trains_tiny_gpt_on_four_ranks(reference_run):
     assert f"zoo: job {job.id} (restart 0)" in job.log and "1 threads each" in job.log
 
 
+def test_a_hydra_sweep_through_the_submitit_launcher_runs_each_layout_as_a_slurm_job(slurm, tmp_path):
+    """`-m hydra/launcher=submitit_slurm`: each member a Slurm job of 2 tasks, each task a rank;
+    ddp and ZeRO-1 at dp 2 reach the same losses (ZeRO-1 shards the optimizer, not the math)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the [slurm] extra is not installed")
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.train", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.tasks_per_node=2",
+         "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
+         "+hydra.launcher.additional_parameters={overcommit:true}", f"hydra.sweep.dir={sweep}", "debug=fast",
+         "logger=none", "trainer.sample_tokens=0", "trainer.progress=false", "parallel=ddp,zero1"],
+        cwd=tmp_path, env={**slurm.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}, capture_output=True,
+        text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
+    assert [(s["world_size"], s["dp"], s["zero_stage"]) for s in summaries] == [(2, 2, 0), (2, 2, 1)]
+    (steps0, loss0), (steps1, loss1) = (zip(*_losses(sweep / str(job))) for job in (0, 1))
+    assert steps0 == steps1 == (1, 2, 3) and loss0 == pytest.approx(loss1, rel=1e-5)
+    assert "Traceback" not in proc.stderr
+
+
 # A stand-in for `python -m zoo.train` (ZOO_PYTHON=this file): records how srun started it,
 # then behaves like the trainer: on USR1 exit 75 ("checkpoint written"); else STUB_EXIT.
 STUB = '''#!{python}

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, List
 
+from hydra.experimental.callback import Callback
+
 CONF = Path(__file__).resolve().parents[2] / "conf"
 OPTIONAL_GROUPS = ("experiment", "debug")  # `optional` in conf/config.yaml: Hydra skips a missing option
 
@@ -44,6 +46,19 @@ class TaskStarted:
         return held.getvalue()
 
 
+_ACTIVE: "TaskStarted | None" = None  # the entry point's, while Hydra runs
+
+
+class ReleaseHeldStderr(Callback):
+    """A Hydra callback (conf/config.yaml `hydra.callbacks`): a multirun's launcher starts once
+    the sweep's config composed, and from then on stderr is the process's own (the submitit
+    launcher pickles what it holds, and its job reports must be seen while it waits)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        if _ACTIVE is not None:
+            _ACTIVE()
+
+
 class _Held(io.StringIO):
     def __init__(self, real):
         super().__init__()
@@ -53,6 +68,8 @@ class _Held(io.StringIO):
 def run_hydra_app(hydra_main: Callable[[], None], started: TaskStarted, schema=None) -> None:
     """Run a Hydra entry point; a composition error becomes one line and exit 2. `schema` is
     the entry point's config dataclass (default: training's Config), for the nearest-key hint."""
+    global _ACTIVE
+    _ACTIVE = started
     holding = os.environ.get("HYDRA_FULL_ERROR") != "1"
     if holding:
         started._held = sys.stderr = _Held(sys.stderr)
