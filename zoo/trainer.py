@@ -54,7 +54,7 @@ class Trainer:
         self.loader = None
         tracker = open_tracker(cfg, layout, run_dir, self.rank, {
             "world_size": layout.world_size, "layout": layout.name, "micro_batch_size": self.micro_batch_size,
-            "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)})
+            "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)}, shape=task.shape)
         self.log = RunLog(run_dir, active=self.rank == 0, total_steps=cfg.trainer.max_steps,
                           progress=cfg.trainer.progress, start_step=self.step, tracker=tracker)
 

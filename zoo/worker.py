@@ -232,7 +232,9 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
         print(f"zoo: warning: {small_split}", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, layout, grid, task, run_path, device)
     if rank == 0:  # written once the start went through: a refused start leaves an older run's files
-        (run_path / "config.yaml").write_text(cfg_yaml)
+        from zoo.config.schema import to_yaml, with_model_shape
+
+        (run_path / "config.yaml").write_text(to_yaml(with_model_shape(cfg, task.shape)))
         (run_path / "topology.txt").write_text(topology)
     training.append(True)
     try:

@@ -15,6 +15,11 @@ def test_a_tp_pp_run_prints_only_zoos_lines_and_ends_with_its_result(trained_3d)
     assert sum(line.startswith("layout tp2-pp2-dp1") for line in out) == 1
     assert "the rank grid goes to topology.txt" in next(line for line in out if line.startswith("layout "))
     assert "TP group: [0, 1]" in (trained_3d.run_dir / "topology.txt").read_text()
+    import yaml
+
+    model = yaml.safe_load((trained_3d.run_dir / "config.yaml").read_text())["model"]  # real dimensions, not null
+    assert (model["size"], model["n_layer"], model["n_head"], model["n_embd"], model["block_size"]) == \
+        ("tiny", 4, 4, 128, 128) and model["vocab_size"] % 128 == 0
     stdout = [line for line in trained_3d.stdout.splitlines() if line.strip()]
     block = stdout[next(i for i, line in enumerate(stdout) if line.startswith("zoo: result: ")):]
     assert block[0].startswith("zoo: result: eval loss ") and "perplexity" in block[0]

@@ -101,6 +101,7 @@ def test_offline_run_logs_config_history_and_summary(offline):
     assert (logged["name"], logged["group"], logged["project"]) == ("gpt-tiny_tp1-pp1-dp2_zero1", "gpt-tiny", "zoo")
     config = logged["config"]
     assert config["model"]["family"] == "gpt" and config["parallel"]["zero_stage"] == 1
+    assert (config["model"]["size"], config["model"]["n_layer"], config["model"]["n_embd"]) == ("tiny", 4, 128)
     assert config["trainer"]["max_steps"] == 4 and config["layout"] == "tp1-pp1-dp2_zero1"
     metrics = offline.metrics
     assert [h["_step"] for h in logged["history"]] == [m["step"] for m in metrics] == [2, 4]

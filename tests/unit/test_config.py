@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO
-from zoo.config.schema import Config, register_configs
+from zoo.config.schema import Config, ModelConfig, register_configs
 from zoo.engine import deepspeed_config
 from zoo.parallel.topology import Layout
 from zoo.validate import ConfigError, resolve_layout, validate
@@ -189,3 +189,14 @@ def test_init_from_memory_warning_uses_the_imported_model(tmp_path):
     assert fit_warning(tiny, layout, 8e9) is None
     warning = fit_warning(imported, layout, 8e9)
     assert warning is not None and "predicted" in warning, warning
+
+
+def test_the_shown_config_states_the_models_real_dimensions():
+    from zoo.config.schema import to_yaml, with_model_shape
+    from zoo.models.gpt import gpt_shape
+
+    cfg = Config(model=ModelConfig(family="gpt", size="tiny", n_layer=6))
+    shown = with_model_shape(cfg, gpt_shape("tiny", 4096, n_layer=6))
+    assert (shown.model.size, shown.model.n_layer, shown.model.n_embd, shown.model.vocab_size) == ("tiny", 6, 128, 4096)
+    assert cfg.model.n_embd is None  # the run's own config is untouched
+    assert "n_embd: 128" in to_yaml(shown) and with_model_shape(cfg, None) is cfg

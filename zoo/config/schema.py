@@ -245,3 +245,20 @@ def config_from_yaml(text: str) -> Config:
     """The typed config from its resolved YAML (what `zoo.train` hands each rank)."""
     schema = OmegaConf.structured(Config)
     return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.create(text)))
+
+
+def with_model_shape(cfg: Config, shape) -> Config:
+    """A copy of `cfg` whose model section states the model's real dimensions where the config
+    left them to the size preset (None): what the run directory's config.yaml, wandb's config
+    and `zoo.compare` show. The preset stays visible as model.size; the copy builds the same model."""
+    import dataclasses
+
+    if shape is None:
+        return cfg
+    dims = {f.name: getattr(shape, f.name) for f in dataclasses.fields(shape)
+            if hasattr(cfg.model, f.name) and getattr(cfg.model, f.name) is None}
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **dims))
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlparse
 
-from zoo.config.schema import Config
+from zoo.config.schema import Config, with_model_shape
 from zoo.parallel.topology import Layout
 
 RUN_ID_FILE = "wandb_run_id"
@@ -84,7 +84,7 @@ def default_group(cfg: Config) -> str:
     return cfg.experiment or f"{cfg.model.family}-{cfg.model.size}"
 
 
-def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_config: Dict[str, Any]):
+def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_config: Dict[str, Any], shape=None):
     """A wandb run on rank 0 when logger.kind is wandb; a NullTracker otherwise."""
     lg = cfg.logger
     if lg.kind == "none" or rank != 0:
@@ -104,7 +104,7 @@ def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_co
         return wandb.init(project=lg.project, entity=lg.entity, group=lg.group or default_group(cfg),
                           name=lg.name or default_name(cfg, layout), tags=list(lg.tags) or None, mode=mode,
                           dir=str(run_dir), id=run_id, resume="allow",
-                          config={**dataclasses.asdict(cfg), **extra_config},
+                          config={**dataclasses.asdict(with_model_shape(cfg, shape)), **extra_config},
                           settings=wandb.Settings(console="off", quiet=True))
 
     try:
