@@ -71,7 +71,11 @@ class Run:
         return [json.loads(l) for l in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
 
     def losses(self) -> list:
-        return [m["loss"] for m in self.metrics]
+        return [m["loss"] for m in self.metrics if "loss" in m]  # a record may hold only an evaluation
+
+    def evals(self) -> dict:
+        """{step: eval_loss} of the periodic evaluations (trainer.eval_every)."""
+        return {m["step"]: m["eval_loss"] for m in self.metrics if "eval_loss" in m}
 
 
 @pytest.fixture(scope="session")

@@ -104,6 +104,12 @@ class StepLoader:
                     t.record_stream(compute)  # the caching allocator must not reuse it before compute is done
         return batches
 
+    def wait_idle(self) -> None:
+        """Return once the background thread has finished the step it is preparing (it starts
+        no other until the next `get`): the task may then be asked for other batches."""
+        if self._next is not None:
+            self._next[1].result()
+
     def close(self) -> None:
         """Stop preparing; returns once no batch is being prepared (the task is free again)."""
         if self._pool is not None:

@@ -49,6 +49,9 @@ class Trainer:
                      "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage},
                      "native": native_checkpoint.layout_key(layout, cfg)}
         self.ckpt_root = run_dir / "checkpoints"
+        # Periodic evaluation: the best eval loss so far, its step, evaluations since (kept in checkpoints).
+        self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
+        self.stopped_early = None  # the step early stopping ended the run at
         self.resumed_from = self._resume() if cfg.resume else None
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
         self.loader = None
@@ -84,20 +87,22 @@ class Trainer:
         how = checkpoint.load(self.engine, self.grid, path, state, native_key=native_key)
         took = time.perf_counter() - t0
         self.step, self.consumed = state["step"], state["consumed"]
+        self.eval_state.update(state.get("eval") or {})
         if self.rank == 0:
             was = state.get("layout", {})
             print(f"zoo: resumed from {path} at step {self.step} (written under tp{was.get('tp')}-pp{was.get('pp')}"
                   f"-dp{was.get('dp')}_zero{was.get('zero_stage')}; read from its {how} files in {took:.2f} s)", flush=True)
         return path
 
-    def save_checkpoint(self) -> Path:
-        """Write a checkpoint of this step (collective); a model that is no longer finite is
-        never saved: the run stops as diverged instead, the last good checkpoint untouched."""
+    def save_checkpoint(self, name: str | None = None) -> Path:
+        """Write a checkpoint of this step (collective; `name`: checkpoints/NAME, e.g. best); a
+        model that is no longer finite is never saved: the run stops as diverged instead, the
+        last good checkpoint untouched."""
         if not self._parameters_finite():
             self._stop_diverged(f"the parameters are not finite at step {self.step}")
         return checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
-                               meta=self.meta, keep=self.cfg.checkpoint.keep,
-                               native=native_checkpoint.enabled(self.cfg, self.layout))
+                               meta={**self.meta, "eval": dict(self.eval_state)}, keep=self.cfg.checkpoint.keep,
+                               native=native_checkpoint.enabled(self.cfg, self.layout), name=name)
 
     # -- steps ------------------------------------------------------------------------------
     def open_loader(self) -> StepLoader:
@@ -152,6 +157,33 @@ class Trainer:
             return self.engine.eval_batch(iter(batches), num_micro_batches=len(batches)).float().item()
         return self._dp_mean(sum(self.engine(x, y).float() for x, y in batches) / len(batches))
 
+    def periodic_evaluation(self) -> dict:
+        """The held-out evaluation between two steps (collective): it changes nothing of the
+        training (RNG state restored, the loader idle, its time and collectives outside the
+        monitor's window). Updates the best eval loss, writes checkpoints/best when it
+        improved (checkpoint.best), and decides early stopping. Returns the eval record."""
+        t0 = time.perf_counter()
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.loader.wait_idle()
+        with self.monitor.outside_step():
+            eval_loss = self.evaluate()
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            record = {"step": self.step, "eval_loss": eval_loss, **self.task.eval_metrics(eval_loss),
+                      "eval_time_s": time.perf_counter() - t0}
+            es, s = self.cfg.trainer.early_stop, self.eval_state
+            if s["best"] is None or eval_loss < s["best"] - es.min_delta:
+                s.update(best=eval_loss, best_step=self.step, bad_evals=0)
+                if self.cfg.checkpoint.best:
+                    self.save_checkpoint(name="best")
+            else:
+                s["bad_evals"] += 1
+            if es.patience and s["bad_evals"] >= es.patience:
+                self.stopped_early = self.step
+        return record
+
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> None:
         t = self.cfg.trainer
@@ -170,13 +202,17 @@ class Trainer:
             local_loss = self.train_step()
             train_time += time.perf_counter() - t0
             window_steps += 1
+            evaluated = (self.periodic_evaluation() if t.eval_every and self.step % t.eval_every == 0
+                         and self.step < t.max_steps else None)  # the last step's is the final evaluation
             if self.step % t.log_every == 0 or self.step == t.max_steps:
                 loss = self._dp_mean(local_loss)
                 record, diagnoses = self.monitor.report(self.step, loss, window_steps)
-                self.log.step(record)
+                self.log.step({**record, **(evaluated or {})})
                 for line in diagnoses:
                     self.log.write(f"zoo: diagnosis: {line}")
                 window_steps = 0
+            elif evaluated:
+                self.log.step(evaluated)
             self.log.advance(1, None if math.isnan(loss) else loss)
             received, nonfinite = self._agree([signals.received(), int(not torch.isfinite(local_loss))])
             bad_steps, first_bad = (bad_steps + 1, first_bad or self.step) if nonfinite else (0, None)
@@ -186,6 +222,12 @@ class Trainer:
                 self.save_checkpoint()
             if received:
                 self._stop_on_signal(received)
+            if self.stopped_early:
+                s, es = self.eval_state, t.early_stop
+                self.log.write(f"zoo: early stop at step {self.step}: {s['bad_evals']} evaluations without an eval loss "
+                               f"below the best, {s['best']:.4f} (step {s['best_step']}), by more than "
+                               f"{es.min_delta:g} (trainer.early_stop.patience={es.patience})")
+                break
         if bad_steps:  # fewer than max_nonfinite_steps were left: the run still diverged
             self._stop_diverged(f"the loss is not finite at step {first_bad} ({bad_steps} steps in a row, "
                                 f"to the last step)")
@@ -210,6 +252,9 @@ class Trainer:
             "params": self.task.num_params(), "params_per_rank": per_rank,
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
+            **({"best_eval_loss": self.eval_state["best"], "best_eval_step": self.eval_state["best_step"]}
+               if self.eval_state["best"] is not None else {}),
+            **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
             "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started}
         self.log.summary(summary)
         if self.rank == 0:

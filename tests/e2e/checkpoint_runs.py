@@ -9,7 +9,7 @@ FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "opti
 
 
 def losses_by_step(run) -> dict:
-    return {m["step"]: m["loss"] for m in run.metrics}
+    return {m["step"]: m["loss"] for m in run.metrics if "loss" in m}
 
 
 def after(losses: dict, step: int) -> dict:

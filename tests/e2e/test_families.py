@@ -15,7 +15,7 @@ ALLOWED = {"bert": ["ddp", "zero1", "zero2", "zero3", "tp", "pp", "3d"],
 # global batch 12 = micro 2 x 6 (ddp, tp) = 2 x 3 x dp 2 (zero) = 6 micro-batches of 2 (pp)
 # = 6 micro-batches of 1 x dp 2 (3d): every preset sees the same samples per step.
 STEPS = ["debug=fast", "trainer.max_steps=4", "trainer.global_batch_size=12", "trainer.micro_batch_size=2",
-         "optim.warmup_steps=1", "trainer.eval_batches=2"]
+         "optim.warmup_steps=1", "trainer.eval_batches=2", "trainer.eval_every=2"]
 LAYOUTS = {"ddp": (1, 1, 1, 0), "zero1": (1, 1, 2, 1), "zero2": (1, 1, 2, 2), "zero3": (1, 1, 2, 3),
            "tp": (2, 1, 1, 1), "pp": (1, 2, 1, 1), "3d": (2, 2, 2, 1)}
 
@@ -55,6 +55,9 @@ def test_layout_matches_single_process_per_step(family_run, family, preset):
     ref, run = family_run(family, "ddp"), family_run(family, preset)
     assert len(ref.losses()) == 4 and ref.losses()[0] != ref.losses()[-1]
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-5, atol=0)
+    # the periodic evaluation at step 2: the same held-out micro-batches (2 of 2 samples) on every layout
+    assert list(run.evals()) == list(ref.evals()) == [2]
+    assert run.evals()[2] == pytest.approx(ref.evals()[2], rel=1e-5)
     ref_w, w = load_file(ref.run_dir / "model.safetensors"), load_file(run.run_dir / "model.safetensors")
     assert w.keys() == ref_w.keys()
     # Element-wise within rtol 1e-4 and atol 1e-6, or 1e-4 of the tensor's scale where that is

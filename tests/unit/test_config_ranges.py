@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 
 import pytest
 
@@ -22,7 +23,7 @@ def test_the_sections_walked_are_every_section_of_the_schema():
     import dataclasses
 
     sections = {f.name for f in dataclasses.fields(schema.Config) if dataclasses.is_dataclass(f.default_factory)}
-    assert numeric_keys({"top": schema.Config}) == []  # the top level holds no numbers
+    assert [k for k in numeric_keys({"top": schema.Config}) if k.count(".") == 1] == []  # no number at the top
     assert sections == set(SECTIONS)
 
 
@@ -35,7 +36,7 @@ def test_every_numeric_key_has_a_range_and_nothing_else_does():
 def _docstrings() -> dict:
     """{section.key: the docstring under the key} from the schema's source."""
     tree, out = ast.parse(inspect.getsource(schema)), {}
-    names = {cls.__name__: section for section, cls in SECTIONS.items()}
+    names = {cls.__name__: section for section, cls in {**SECTIONS, "trainer.early_stop": schema.EarlyStopConfig}.items()}
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name in names:
             for a, b in zip(node.body, node.body[1:]):
@@ -91,6 +92,9 @@ OUTSIDE = {
     "trainer.seed": ("-3", "must be in [0, 4294967296)"),
     "trainer.log_every": ("0", "must be positive"),
     "trainer.eval_batches": ("-1", "must be >= 0"),
+    "trainer.eval_every": ("-1", "must be >= 0 (0: evaluate only at the end)"),
+    "trainer.early_stop.patience": ("-2", "must be >= 0 (0: never stop early)"),
+    "trainer.early_stop.min_delta": ("-0.1", "must be >= 0"),
     "trainer.sample_tokens": ("-1", "must be >= 0"),
     "trainer.max_nonfinite_steps": ("0", "must be positive"),
     "checkpoint.every": ("-5", "must be >= 0"),
@@ -126,3 +130,16 @@ def test_legal_but_surely_unintended_values_warn():
     assert any("optim.warmup_steps=20 is not shorter than the schedule's 10 steps" in w for w in warnings), warnings
     assert any("checkpoint.every=50 is more than trainer.max_steps=10" in w for w in warnings), warnings
     assert not any("warmup" in w for w in check(composed("trainer.max_steps=10", "optim.warmup_steps=2")))
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["trainer.early_stop.patience=3"], "trainer.early_stop.patience=3 needs periodic evaluation: set trainer.eval_every"),
+    (["checkpoint.best=true"], "checkpoint.best=true keeps the checkpoint of the best evaluation: set trainer.eval_every"),
+    (["trainer.eval_every=10", "trainer.eval_batches=0"], "trainer.eval_every=10 with trainer.eval_batches=0 evaluates "
+                                                          "nothing"),
+])
+def test_evaluation_keys_that_need_each_other_are_refused(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        check(composed(*overrides))
+    assert any("trainer.eval_every=500 is more than trainer.max_steps=200" in w
+               for w in check(composed("trainer.eval_every=500")))

@@ -148,3 +148,15 @@ def test_the_cpu_peak_is_measured_once_per_machine_and_cached(tmp_path, monkeypa
     assert len(calls) == 2
     (tmp_path / "cpu_peak_flops.json").write_text("not json")  # a damaged file is measured again
     assert flops.device_peak_flops(torch.device("cpu"), "fp32", str(tmp_path))[0] == 1.5e11 and len(calls) == 3
+
+
+def test_measuring_the_cpu_peak_leaves_the_global_rng_alone():
+    """It ran on rank 0 only, and only when not cached: drawing from the global generator
+    shifted that rank's dropout in the run that filled the cache (a dropout run's losses
+    differed between the first run on a machine and the next)."""
+    from zoo.observe.flops import measured_matmul_flops
+
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    measured_matmul_flops(torch.float32)
+    assert torch.equal(torch.get_rng_state(), before)

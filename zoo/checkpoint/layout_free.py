@@ -103,15 +103,17 @@ def _optimizer_step(engine) -> int:
 
 
 def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict, keep: int,
-         native: bool = False) -> Path:
+         native: bool = False, name: Optional[str] = None) -> Path:
     """Write a checkpoint of this step (collective over all ranks); returns its directory.
-    native: also DeepSpeed's per-rank files, for a fast resume on this layout."""
+    native: also DeepSpeed's per-rank files, for a fast resume on this layout. `name` (e.g.
+    `best`) writes ckpt_root/name instead of step_N, which neither `latest` nor pruning touch."""
     from safetensors.torch import save_file
 
     rank, group = dist.get_rank(), tp_group(grid)
     stage = grid.get_stage_id()
     _ensure_optimizer_state(engine)
-    name = f"step_{step:07d}"
+    periodic = name is None
+    name = name or f"step_{step:07d}"
     tmp = ckpt_root / f".{name}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -147,8 +149,9 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
         write_checksums(tmp)  # last: a directory without it never finished
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _write_atomic(ckpt_root / "latest", name + "\n")
-        _prune(ckpt_root, keep)
+        if periodic:
+            _write_atomic(ckpt_root / "latest", name + "\n")
+            _prune(ckpt_root, keep)
     dist.barrier()
     return final
 

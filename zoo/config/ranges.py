@@ -91,14 +91,18 @@ RANGES = {
     "trainer.seed": Range(ge=0, lt=2 ** 32, hint="numpy's seeds are 32-bit"),
     "trainer.log_every": POSITIVE,
     "trainer.eval_batches": Range(ge=0),
+    "trainer.eval_every": Range(ge=0, hint="0: evaluate only at the end"),
+    "trainer.early_stop.patience": Range(ge=0, hint="0: never stop early"),
+    "trainer.early_stop.min_delta": Range(ge=0),
     "trainer.sample_tokens": Range(ge=0, hint="0: no sample"),
     "trainer.max_nonfinite_steps": POSITIVE,
     "checkpoint.every": Range(ge=0, hint="0: only on request (signals)"),
     "checkpoint.keep": POSITIVE,
 }
 def _value(cfg, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
+    for name in key.split("."):
+        cfg = getattr(cfg, name)
+    return cfg
 
 
 def message(key: str, value: Any) -> str:
@@ -120,6 +124,16 @@ def check_ranges(cfg) -> None:
             continue
         if not r.holds(value):  # the schema's types already hold (Hydra refuses 1.5 for an int key)
             raise ConfigError(message(key, value))
+    t = cfg.trainer
+    if t.early_stop.patience and not t.eval_every:
+        raise ConfigError(f"trainer.early_stop.patience={t.early_stop.patience} needs periodic evaluation: set "
+                          f"trainer.eval_every=N (e.g. {max(1, t.max_steps // 10)})")
+    if cfg.checkpoint.best and not t.eval_every:
+        raise ConfigError("checkpoint.best=true keeps the checkpoint of the best evaluation: set "
+                          f"trainer.eval_every=N (e.g. {max(1, t.max_steps // 10)})")
+    if t.eval_every and t.eval_batches == 0:
+        raise ConfigError(f"trainer.eval_every={t.eval_every} with trainer.eval_batches=0 evaluates nothing: set "
+                          f"trainer.eval_batches to a positive number (or null: the whole held-out split)")
     o = cfg.optim
     if o.min_lr > o.lr:
         raise ConfigError(f"optim.min_lr={o.min_lr:g} is above optim.lr={o.lr:g}: the cosine decay would raise the "
@@ -134,6 +148,9 @@ def range_warnings(cfg) -> List[str]:
         out.append(f"optim.warmup_steps={o.warmup_steps} is not shorter than the schedule's {schedule} steps "
                    f"({'optim.decay_steps' if o.decay_steps else 'trainer.max_steps'}): the learning rate never "
                    f"reaches optim.lr={o.lr:g}; lower the warmup (e.g. {max(1, schedule // 10)})")
+    if t.eval_every > t.max_steps > 0:
+        out.append(f"trainer.eval_every={t.eval_every} is more than trainer.max_steps={t.max_steps}: the run "
+                   f"evaluates only at the end")
     if cfg.checkpoint.every > t.max_steps > 0:
         out.append(f"checkpoint.every={cfg.checkpoint.every} is more than trainer.max_steps={t.max_steps}: no "
                    f"periodic checkpoint is written in this run")
@@ -145,6 +162,8 @@ def numeric_keys(schema_sections: dict) -> List[str]:
     out = []
     for section, cls in schema_sections.items():
         for f in dataclasses.fields(cls):
-            if re.search(r"\b(int|float)\b", str(f.type)) or f.name == "micro_batch_size":
+            if dataclasses.is_dataclass(f.default_factory):  # a nested section (trainer.early_stop)
+                out += numeric_keys({f"{section}.{f.name}": f.default_factory})
+            elif re.search(r"\b(int|float)\b", str(f.type)) or f.name == "micro_batch_size":
                 out.append(f"{section}.{f.name}")
     return out

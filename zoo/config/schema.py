@@ -160,6 +160,15 @@ class LoggerConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    patience: int = 0
+    """Stop after this many evaluations in a row without a better eval loss (0: never; needs
+    trainer.eval_every). Range: >= 0."""
+    min_delta: float = 0.0
+    """An eval loss counts as better when it is below the best by more than this. Range: >= 0."""
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 200
     """Optimizer steps to run. Range: >= 0."""
@@ -179,6 +188,9 @@ class TrainerConfig:
     than one round is refused before training, one smaller than a set value is warned about. Range: >= 0."""
     sample_tokens: int = 48
     """Tokens generated at the end of a language-model run (0: none). Range: >= 0."""
+    eval_every: int = 0
+    """Evaluate on the held-out split every this many steps (0: only at the end). Range: >= 0."""
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     sample_prompt: Optional[str] = None
     """The prompt of that sample; default: the first words of the first held-out document."""
     progress: bool = True
@@ -194,6 +206,9 @@ class CheckpointConfig:
     """Save every this many steps (0: only on request, e.g. signals). Range: >= 0."""
     keep: int = 2
     """Checkpoints kept in the run directory. Range: positive."""
+    best: bool = False
+    """Keep checkpoints/best: the checkpoint of the best eval loss so far (needs
+    trainer.eval_every; layout-free, resumable and exportable like the others)."""
     save_final: bool = True
     """Write the consolidated, layout-free weights to model.safetensors at the end."""
     native: Optional[bool] = None

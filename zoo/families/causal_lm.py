@@ -135,6 +135,9 @@ class CausalLMTask(Task):
             out["sample"] = self.tokenizer.decode(gen[0].tolist())
         return out
 
+    def eval_metrics(self, eval_loss: float) -> Dict[str, object]:
+        return {"eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf")}
+
     def sample_prompt(self) -> str:
         """trainer.sample_prompt, else the first tokens of the held-out split (text of this corpus)."""
         if self.cfg.trainer.sample_prompt:

@@ -138,6 +138,10 @@ class Task:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     # -- the end of a run -----------------------------------------------------------------
+    def eval_metrics(self, eval_loss: float) -> Dict[str, object]:
+        """What a periodic evaluation reports besides its loss (from the loss alone)."""
+        return {}
+
     def final_metrics(self, model, eval_loss: float) -> Dict[str, object]:
         """Family metrics on rank 0; `model` is the plain model with the consolidated
         weights when `final_metrics_need_weights()`, else None."""

@@ -164,10 +164,15 @@ def plot(runs: List[Run], path: Path) -> None:
 
     fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r, label in zip(runs, labels(runs)):
-        steps = [m["step"] for m in r.history]
-        loss_ax.plot(steps, [float(m["loss"]) for m in r.history], marker=".", label=label)
-        speed_ax.plot(steps, [m.get("tokens_per_s", float("nan")) for m in r.history], marker=".", label=label)
-    loss_ax.set(xlabel="step", ylabel="training loss", title="loss")
+        train = [m for m in r.history if "loss" in m]
+        steps = [m["step"] for m in train]
+        line, = loss_ax.plot(steps, [float(m["loss"]) for m in train], marker=".", label=label)
+        evals = [m for m in r.history if "eval_loss" in m]
+        if evals:  # periodic evaluation: dashed, in the run's colour
+            loss_ax.plot([m["step"] for m in evals], [float(m["eval_loss"]) for m in evals], linestyle="--",
+                         marker="x", color=line.get_color(), label=f"{label} (eval)")
+        speed_ax.plot(steps, [m.get("tokens_per_s", float("nan")) for m in train], marker=".", label=label)
+    loss_ax.set(xlabel="step", ylabel="loss", title="loss (dashed: held-out)")
     speed_ax.set(xlabel="step", ylabel="tokens/s", title="throughput")
     for ax in (loss_ax, speed_ax):
         ax.grid(alpha=0.3)

@@ -35,8 +35,18 @@ def _percent(value: float) -> str:
     return f"{value:.1%}"  # one precision for every reading: 1.0% and 35.0%, never 1% next to 0.2%
 
 
+def _eval_parts(r: Dict[str, Any]) -> list:
+    parts = [f"eval loss {r['eval_loss']:.4f}"]
+    if "eval_perplexity" in r:
+        parts.append(f"eval ppl {r['eval_perplexity']:,.1f}")
+    return parts + [f"eval {r['eval_time_s']:.1f} s"]
+
+
 def console_line(r: Dict[str, Any]) -> str:
-    """One logged step on the console: what is there of the monitor's readings."""
+    """One logged step on the console: what is there of the monitor's readings (and of a
+    periodic evaluation at that step)."""
+    if "loss" not in r:  # an evaluation at a step that logs nothing else
+        return " | ".join([f"step {r['step']:>6}"] + _eval_parts(r))
     parts = [f"step {r['step']:>6}", f"loss {r['loss']:.4f}", f"lr {r['lr']:.2e}"]
     if r.get("grad_norm") is not None:
         parts.append(f"gnorm {float(r['grad_norm']):#.3g}")  # three digits, trailing zeros kept: 1.00, 0.797
@@ -54,6 +64,8 @@ def console_line(r: Dict[str, Any]) -> str:
     for key, label in (("comm_share", "comm"), ("data_wait_share", "data wait")):
         if key in r:
             parts.append(f"{label} {_percent(r[key])}")
+    if "eval_loss" in r:
+        parts += _eval_parts(r)
     return " | ".join(parts)
 
 

@@ -213,6 +213,17 @@ class Monitor:
         self.comm.reset()
 
     @contextlib.contextmanager
+    def outside_step(self):
+        """Work between steps (a periodic evaluation): neither its time nor its collectives
+        count in the window's step time, communication or data wait."""
+        t0 = time.perf_counter()
+        try:
+            with self.comm.paused():
+                yield
+        finally:
+            self._window_start += time.perf_counter() - t0
+
+    @contextlib.contextmanager
     def waiting_for_data(self):
         t0 = time.perf_counter()
         try:

@@ -52,6 +52,11 @@ def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True) -> Li
     if s.get("peak_mem_bytes"):
         facts.append(f"peak memory {s['peak_mem_bytes'] / 2**30:.2f} GiB")
     lines = ["zoo: result: " + _metric(s), "zoo: run: " + ", ".join(facts)]
+    if s.get("stopped_early_at_step"):
+        lines.append(f"zoo: stopped early at step {s['stopped_early_at_step']} (trainer.early_stop): the best eval loss "
+                     f"was {s['best_eval_loss']:.4f} at step {s['best_eval_step']}")
+    elif _number(s.get("best_eval_loss")) is not None:
+        lines.append(f"zoo: best periodic eval loss {s['best_eval_loss']:.4f} at step {s['best_eval_step']}")
     if s.get("sample"):
         lines.append(f"zoo: sample (prompt {s.get('sample_prompt', '')!r}):")
         lines += ["    " + line for line in str(s["sample"]).splitlines() or [""]]

@@ -1,0 +1,58 @@
+"""Periodic evaluation (trainer.eval_every), early stopping and the best checkpoint, end to
+end. Across layouts the evaluations are compared where the layout runs already are
+(tests/e2e/test_families.py: BERT tp/pp and the CNN pp; parallel/test_tp_runs.py: GPT tp);
+here: evaluation leaves the training alone (dropout on), early stopping stops after exactly
+`patience` evaluations, the best checkpoint holds the best step and resumes with its state."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.max_steps=8", "trainer.log_every=2",
+        "optim.warmup_steps=1", "model.dropout=0.1", "trainer.eval_batches=2"]
+
+
+def test_evaluating_every_n_steps_changes_no_training_loss(run_zoo):
+    """With dropout on: evaluation restores the RNG, the loader waits, nothing else moves."""
+    plain = run_zoo(*FAST)
+    evaluated = run_zoo(*FAST, "trainer.eval_every=3")
+    assert evaluated.losses() == plain.losses() and len(plain.losses()) == 4
+    evals = evaluated.evals()
+    assert list(evals) == [3, 6]  # the last step's evaluation is the final one, in summary.json
+    eval_only = [m for m in evaluated.metrics if "loss" not in m]
+    assert [m["step"] for m in eval_only] == [3]  # step 6 is a logging step: one record holds both
+    assert all(m["eval_perplexity"] == pytest.approx(2.718281828 ** m["eval_loss"]) for m in evaluated.metrics
+               if "eval_loss" in m)
+    s = evaluated.summary
+    assert s["best_eval_loss"] == min(evals.values()) and s["best_eval_step"] == min(evals, key=evals.get)
+    assert "step      3 | eval loss " in evaluated.stdout and "zoo: best periodic eval loss" in evaluated.stdout
+
+
+def test_early_stop_after_patience_evaluations_and_the_best_checkpoint(run_zoo):
+    """A learning rate of zero cannot improve: the first evaluation is the best, the next
+    two do not beat it, and the run stops at the third (step 3), exit 0."""
+    run = run_zoo(*FAST, "optim.lr=1e-12", "optim.min_lr=0", "trainer.max_steps=20", "trainer.eval_every=1",
+                  "trainer.early_stop.patience=2", "trainer.early_stop.min_delta=0.01", "checkpoint.best=true")
+    s = run.summary
+    assert s["stopped_early_at_step"] == 3 and s["steps"] == 3 and s["best_eval_step"] == 1
+    assert list(run.evals()) == [1, 2, 3]
+    assert "zoo: early stop at step 3: 2 evaluations without an eval loss below the best" in run.stdout
+    assert "zoo: stopped early at step 3 (trainer.early_stop)" in run.stdout
+    best = json.loads((run.run_dir / "checkpoints" / "best" / "state.json").read_text())
+    assert best["step"] == 1 and best["eval"] == {"best": s["best_eval_loss"], "best_step": 1, "bad_evals": 0}
+    assert not (run.run_dir / "checkpoints" / "latest").exists()  # best is not a resume point
+
+
+def test_a_resumed_run_keeps_the_best_loss_and_the_patience_count(run_zoo, tmp_path):
+    """Stopped at step 3 (evaluations at 1, the best, and 2, no better; step 3's is the final
+    one), resumed from its last checkpoint: the next two evaluations without improvement end
+    it at step 5 (with the count lost it would be 7)."""
+    common = [*FAST, "optim.lr=1e-12", "optim.min_lr=0", "optim.decay_steps=20", "trainer.eval_every=1",
+              "trainer.early_stop.patience=3", "trainer.early_stop.min_delta=0.01", "checkpoint.every=2"]
+    first = run_zoo(*common, "trainer.max_steps=3", run_dir=tmp_path / "run")
+    assert "stopped_early_at_step" not in first.summary
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step_0000003" / "state.json").read_text())
+    assert state["eval"]["best_step"] == 1 and state["eval"]["bad_evals"] == 1
+    resumed = run_zoo(*common, "trainer.max_steps=20", "resume=auto", run_dir=tmp_path / "run")
+    assert resumed.summary["stopped_early_at_step"] == 5 and resumed.summary["best_eval_step"] == 1
