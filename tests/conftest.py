@@ -38,6 +38,18 @@ SLOW = {
     "tests/e2e/test_launchers.py::test_deepspeed_launcher[no-local-rank]": "the README's line stays",
     "tests/slurm/test_slurm.py::test_warned_gpt_run_checkpoints_requeues_and_matches_uninterrupted_run": "the "
     "requeue of a stand-in job and the 4-rank GPT run under srun stay",
+    "tests/e2e/test_families.py::test_bert_3d_matches_single_process": "BERT's tp and pp exactness and GPT's 3d stay",
+    "tests/e2e/test_families.py::test_allowed_combination_trains_and_reports[bert-zero1]": "bert zero3 stays",
+    "tests/e2e/test_families.py::test_allowed_combination_trains_and_reports[cnn-zero3]": "cnn zero1 stays",
+    "tests/e2e/test_experiments.py::test_experiment_runs_one_step[gpt_tiny_zero2]": "the experiment sweep "
+    "(test_sweeps) runs it",
+    "tests/e2e/test_experiments.py::test_experiment_runs_one_step[bert_tiny_tp]": "the experiment sweep runs it",
+    "tests/e2e/test_checkpoint_integrity.py::test_resume_auto_falls_back_to_the_newest_intact_checkpoint"
+    "[garbage_state]": "every damage is found in test_every_damage_is_found...; truncate and flip resume",
+    "tests/e2e/test_checkpoint_integrity.py::test_resume_auto_falls_back_to_the_newest_intact_checkpoint"
+    "[missing_state]": "as garbage_state",
+    "tests/e2e/test_checkpoint_integrity.py::test_resume_auto_falls_back_to_the_newest_intact_checkpoint"
+    "[deleted_directory]": "as garbage_state",
 }
 
 

@@ -80,6 +80,9 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     except OmegaConfBaseException as err:
         _fail(omegaconf_error_line(err), run_dir)
     env = launch.detect()
+    from zoo.quiet import quiet_third_party
+
+    quiet_third_party(cfg.verbose)  # the raw-deepspeed-key check imports DeepSpeed here
     try:
         layout, warnings = resolve_layout(cfg, env.world_size)
         warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())

@@ -50,8 +50,23 @@ def _deleted_directory(step):
     return "step_0000004/ is missing"
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_4_kib, _garbage_state, _missing_state, _deleted_directory],
-                         ids=lambda f: f.__name__.strip("_"))
+DAMAGES = [_truncate, _flip_4_kib, _garbage_state, _missing_state, _deleted_directory]
+
+
+def test_every_damage_is_found_and_named_before_anything_is_read(tmp_path, two_checkpoints):
+    """The verification `resume=auto` runs, on a copy of a real run per kind of damage."""
+    from zoo.checkpoint.verify import newest_intact
+
+    for damage in DAMAGES:
+        run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / damage.__name__)
+        said = damage(run_dir / "checkpoints" / "step_0000004")
+        path, notes = newest_intact(run_dir / "checkpoints")
+        assert path.name == "step_0000002" and len(notes) == 1 and said in notes[0], (damage.__name__, notes)
+        assert "falling back to the one before it" in notes[0]
+
+
+# The whole resume for each kind (two in the fast tier, the rest in tests/conftest.py's SLOW).
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda f: f.__name__.strip("_"))
 def test_resume_auto_falls_back_to_the_newest_intact_checkpoint(run_zoo, tmp_path, two_checkpoints, checkpoint_reference, damage):
     run_dir = shutil.copytree(two_checkpoints.run_dir, tmp_path / "run")
     said = damage(run_dir / "checkpoints" / "step_0000004")

@@ -2,10 +2,15 @@
 (one message naming the key, exit code 2, no traceback, nothing left in the run dir)."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import REPO
 
 
 def test_cfg_job_prints_the_composed_config(run_zoo):
@@ -13,7 +18,7 @@ def test_cfg_job_prints_the_composed_config(run_zoo):
     assert "family: gpt" in run.stdout and "size: small" in run.stdout and "zero_stage: 0" in run.stdout
 
 
-@pytest.mark.parametrize("overrides, needle", [
+BAD_INPUT = [
     (["model=nope"], "model"),
     (["trainer.max_step=5"], "trainer.max_step is not a key of the config: did you mean trainer.max_steps?"),
     (["run_dir=/tmp/x"], "run_dir is not a key of the config: did you mean hydra.run.dir?"),
@@ -47,14 +52,26 @@ def test_cfg_job_prints_the_composed_config(run_zoo):
     (["parallel=pp", "parallel.partition_method=bogus"], "parallel.partition_method='bogus' is unknown"),
     (["parallel.backend=nccl"], "parallel.backend=nccl needs CUDA"),
     (["logger.mode=sometimes"], "logger.mode='sometimes' is unknown"),
-])
-def test_bad_input_is_one_message_and_exit_2(run_zoo, overrides, needle):
-    run = run_zoo(*overrides, check=False)
-    assert run.returncode == 2, run.stderr
-    lines = [line for line in run.stderr.splitlines() if line.strip() and not line.startswith("zoo: warning:")]
-    assert len(lines) == 1 and lines[0].startswith("zoo: error:") and needle in lines[0], run.stderr
-    assert "Traceback" not in run.stdout
-    assert not run.run_dir.exists()
+]
+
+
+@pytest.mark.parametrize("overrides, needle", BAD_INPUT)
+def test_bad_input_is_one_message_and_exit_2(refused, overrides, needle):
+    run = refused[0](overrides)
+    assert run["code"] == 2, run["stderr"]
+    lines = [line for line in run["stderr"].splitlines() if line.strip() and not line.startswith("zoo: warning:")]
+    assert len(lines) == 1 and lines[0].startswith("zoo: error:") and needle in lines[0], run["stderr"]
+    assert "Traceback" not in run["stdout"] and run["stdout"] == "", run["stdout"]  # nothing from DeepSpeed either
+    assert not run["run_dir"].exists()
+
+
+def test_refusals_on_the_real_command_line(run_zoo):
+    """The in-process refusals above, three of them as a user types them."""
+    for overrides, needle in (BAD_INPUT[1], BAD_INPUT[7], BAD_INPUT[26]):
+        run = run_zoo(*overrides, check=False)
+        lines = [line for line in run.stderr.splitlines() if line.strip() and not line.startswith("zoo: warning:")]
+        assert run.returncode == 2 and len(lines) == 1 and needle in lines[0], run.stderr
+        assert "Traceback" not in run.stdout and not run.run_dir.exists()
 
 
 def test_main_job_trains_and_generates(run_zoo):
@@ -88,7 +105,7 @@ def _paths(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("overrides, needle", [
+PATH_CASES = [
     (["data=files", "data.path={d}/nope"], "data.path={d}/nope: no such file or directory"),
     (["data=files", "data.path={d}/empty"], "data.path={d}/empty matches no file with a suffix among"),
     (["data=files", "data.path={d}/blob.dat"], "cannot read ['blob.dat']"),
@@ -98,11 +115,35 @@ def _paths(tmp_path):
     (["data.tokenizer=gpt2"], "data.tokenizer=gpt2: no such directory"),
     (["model.init_from={d}/nope"], "model.init_from={d}/nope: no such directory"),
     (["resume={d}/nope"], "resume={d}/nope: no such checkpoint or run directory"),
-])
-def test_a_path_that_cannot_be_what_it_names_is_refused_before_launch(run_zoo, tmp_path, overrides, needle):
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, zoo_cache):
+    """refused(overrides) -> {code, stdout, stderr, run_dir}: every case of BAD_INPUT and
+    PATH_CASES through `zoo.train`'s main in one interpreter (tests/e2e/refusals.py), each
+    with its own run directory; PATH_CASES' {d} is a directory of bad paths."""
+    base = tmp_path_factory.mktemp("refused")
+    d = _paths(base)
+    def paths(overrides):
+        return [o.replace("{d}", str(d)) for o in overrides]
+
+    cases = [list(o) for o, _ in BAD_INPUT] + [paths(o) for o, _ in PATH_CASES]
+    argvs = [[f"hydra.run.dir={base}/run{i}", "trainer.progress=false", *c] for i, c in enumerate(cases)]
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "e2e" / "refusals.py")], input=json.dumps(argvs),
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = {json.dumps(c): {**r, "run_dir": base / f"run{i}"} for i, (c, r) in enumerate(zip(cases, json.loads(
+        proc.stdout)))}
+    return lambda overrides: results[json.dumps(paths(overrides))], d
+
+
+@pytest.mark.parametrize("overrides, needle", PATH_CASES)
+def test_a_path_that_cannot_be_what_it_names_is_refused_before_launch(refused, overrides, needle):
     """Refused in the validation pass: no rank starts (no process group, no topology printed)."""
-    d = _paths(tmp_path)
-    run = run_zoo(*(o.format(d=d) for o in overrides), check=False)
-    lines = [line for line in run.stderr.splitlines() if line.strip() and not line.startswith("zoo: warning:")]
-    assert run.returncode == 2 and len(lines) == 1 and needle.format(d=d) in lines[0], run.stderr
-    assert "TP group" not in run.stdout and not run.run_dir.exists()
+    lookup, d = refused
+    run = lookup(overrides)
+    lines = [line for line in run["stderr"].splitlines() if line.strip() and not line.startswith("zoo: warning:")]
+    assert run["code"] == 2 and len(lines) == 1 and needle.format(d=d) in lines[0], run["stderr"]
+    assert "TP group" not in run["stdout"] and not run["run_dir"].exists()

@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO
-
 from tests.e2e.conftest import HF_FAST as FAST
 
 

@@ -11,7 +11,6 @@ from zoo.plan.memory import model_state_bytes
 from zoo.plan.search import GB, Candidate, Plan
 from zoo.plan.step_time import spans_nodes
 
-
 WIDTH = 110  # the text output's lines (the training command stays one line, to copy)
 
 
