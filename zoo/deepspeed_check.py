@@ -23,6 +23,7 @@ OWNED = {  # raw key: the zoo key that sets it
     "bf16.enabled": "precision=bf16",
     "fp16.enabled": "precision=fp16",
     "gradient_clipping": "optim.grad_clip",
+    "scheduler": "optim.schedule (with optim.warmup_steps, optim.min_lr, optim.decay_steps, optim.decay_fraction)",
 }
 
 
@@ -75,7 +76,8 @@ def check_raw_keys(cfg, layout) -> List[str]:
         raise ConfigError("deepspeed.checkpoint.load_universal=true is refused: DeepSpeed's universal-checkpoint "
                           "loader unpickles its files with torch.load(weights_only=False), which runs any code a file "
                           "holds; zoo's own checkpoints already resume on any layout (resume=PATH): drop the key")
-    owned = [k for k in _flat(raw) if k in OWNED]
+    owned = [next(o for o in OWNED if k == o or k.startswith(o + ".")) for k in _flat(raw)
+             if any(k == o or k.startswith(o + ".") for o in OWNED)]
     if owned:
         raise ConfigError(f"deepspeed.{owned[0]} is set by zoo from its own config: set {OWNED[owned[0]]} instead "
                           f"and drop the raw key")

@@ -46,10 +46,6 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
         "gradient_clipping": o.grad_clip,
         "optimizer": {"type": "AdamW", "params": {"lr": o.lr, "betas": list(o.betas), "eps": o.eps,
                                                    "weight_decay": o.weight_decay, "torch_adam": True}},
-        "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": max(o.decay_steps or t.max_steps, o.warmup_steps + 1, 2),
-            "warmup_num_steps": max(o.warmup_steps, 1), "warmup_min_ratio": 0.0,
-            "warmup_type": "linear", "cos_min_ratio": o.min_lr / o.lr}},
         "zero_optimization": {"stage": layout.zero_stage},
         "bf16": {"enabled": prec.dtype == "bf16"},
         "fp16": {"enabled": prec.dtype == "fp16", "loss_scale": 0,
@@ -81,5 +77,21 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
 
     engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, layout),
                                            model_parameters=param_groups(model, cfg.optim.weight_decay),
+                                           lr_scheduler=lr_scheduler(cfg),
                                            mpu=None if isinstance(model, PipelineModule) else grid)
     return engine
+
+
+def schedule_steps(cfg: Config) -> int:
+    """The schedule's length: optim.decay_steps, else trainer.max_steps (at least past the warmup)."""
+    o = cfg.optim
+    return max(o.decay_steps or cfg.trainer.max_steps, o.warmup_steps + 1, 2)
+
+
+def lr_scheduler(cfg: Config):
+    """optim.schedule's scheduler, for deepspeed.initialize (zoo.schedules)."""
+    from zoo.schedules import make_scheduler
+
+    o = cfg.optim
+    return make_scheduler(o.schedule, warmup=o.warmup_steps, total=schedule_steps(cfg), min_ratio=o.min_lr / o.lr,
+                          decay_fraction=o.decay_fraction)

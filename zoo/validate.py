@@ -109,6 +109,10 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
 
         _require(dist.is_mpi_available(), "parallel.backend=mpi: this torch was built without MPI; use "
                                           "parallel.backend=gloo (CPU) or nccl (CUDA), or null")
+    from zoo.schedules import SCHEDULES
+
+    _require(cfg.optim.schedule in SCHEDULES,
+             f"optim.schedule={cfg.optim.schedule!r} is unknown; choose one of {list(SCHEDULES)}")
     method = p.partition_method
     if method.startswith("type:"):
         try:

@@ -52,6 +52,13 @@ BAD_INPUT = [
     (["parallel=pp", "parallel.partition_method=bogus"], "parallel.partition_method='bogus' is unknown"),
     (["parallel.backend=nccl"], "parallel.backend=nccl needs CUDA"),
     (["logger.mode=sometimes"], "logger.mode='sometimes' is unknown"),
+    # Periodic evaluation and the schedules (#16).
+    (["optim.schedule=exp"], "optim.schedule='exp' is unknown; choose one of ['cosine', 'linear', 'constant', 'wsd']"),
+    (["optim.schedule=wsd", "optim.decay_fraction=1.5"], "optim.decay_fraction=1.5 must be in (0, 1]"),
+    (["+deepspeed.scheduler.type=WarmupLR"], "deepspeed.scheduler is set by zoo from its own config: set optim.schedule"),
+    (["trainer.eval_every=-1"], "trainer.eval_every=-1 must be >= 0"),
+    (["trainer.early_stop.patience=2"], "trainer.early_stop.patience=2 needs periodic evaluation"),
+    (["checkpoint.best=true"], "checkpoint.best=true keeps the checkpoint of the best evaluation"),
 ]
 
 

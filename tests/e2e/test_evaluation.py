@@ -56,3 +56,22 @@ def test_a_resumed_run_keeps_the_best_loss_and_the_patience_count(run_zoo, tmp_p
     assert state["eval"]["best_step"] == 1 and state["eval"]["bad_evals"] == 1
     resumed = run_zoo(*common, "trainer.max_steps=20", "resume=auto", run_dir=tmp_path / "run")
     assert resumed.summary["stopped_early_at_step"] == 5 and resumed.summary["best_eval_step"] == 1
+
+
+def test_a_wsd_schedule_resumed_on_another_layout_continues_exactly(run_zoo, tmp_path):
+    """optim.schedule=wsd over 8 steps (warmup 2, decay over the last half): 4 steps on one
+    process, then resumed under ZeRO-1 at dp 2: every logged lr is the closed-form curve."""
+    from zoo.schedules import lr_ratio
+
+    common = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.log_every=1", "optim.schedule=wsd",
+              "optim.decay_fraction=0.5", "optim.warmup_steps=2", "optim.decay_steps=8", "optim.lr=1e-3",
+              "optim.min_lr=1e-5", "checkpoint.every=4"]
+    first = run_zoo(*common, "parallel=ddp", "trainer.max_steps=4", run_dir=tmp_path / "run")
+    resumed = run_zoo(*common, "parallel=zero1", "trainer.max_steps=8", "resume=auto", run_dir=tmp_path / "run")
+    assert "at step 4" in resumed.stdout
+    logged = {m["step"]: m["lr"] for m in first.metrics + resumed.metrics if "lr" in m}
+    assert sorted(logged) == list(range(1, 9))
+    for step, lr in logged.items():  # the lr after step N: scheduler iteration N - 1
+        want = 1e-3 * lr_ratio(step - 1, schedule="wsd", warmup=2, total=8, min_ratio=1e-2, decay_fraction=0.5)
+        assert lr == pytest.approx(want, rel=1e-9, abs=1e-15), (step, lr, want)
+    assert logged[4] == pytest.approx(1e-3) and logged[8] == pytest.approx(1e-5)

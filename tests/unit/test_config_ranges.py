@@ -93,6 +93,7 @@ OUTSIDE = {
     "trainer.log_every": ("0", "must be positive"),
     "trainer.eval_batches": ("-1", "must be >= 0"),
     "trainer.eval_every": ("-1", "must be >= 0 (0: evaluate only at the end)"),
+    "optim.decay_fraction": ("0", "must be in (0, 1]"),
     "trainer.early_stop.patience": ("-2", "must be >= 0 (0: never stop early)"),
     "trainer.early_stop.min_delta": ("-0.1", "must be >= 0"),
     "trainer.sample_tokens": ("-1", "must be >= 0"),

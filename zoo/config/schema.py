@@ -114,8 +114,13 @@ class DataConfig:
 class OptimConfig:
     lr: float = 1e-3
     """Peak learning rate. Range: positive."""
+    schedule: str = "cosine"
+    """After the linear warmup: `cosine` (to min_lr), `linear` (to min_lr), `constant`, or
+    `wsd` (warmup-stable-decay: constant, then linear to min_lr over the last decay_fraction)."""
     min_lr: float = 1e-4
-    """Learning rate at the end of the cosine decay. Range: >= 0."""
+    """Learning rate at the end of the schedule (cosine, linear, wsd). Range: >= 0."""
+    decay_fraction: float = 0.1
+    """wsd: the share of the schedule's steps its final decay takes. Range: in (0, 1]."""
     warmup_steps: int = 20
     """Linear warmup steps. Range: >= 0."""
     decay_steps: Optional[int] = None
