@@ -44,8 +44,7 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         "gradient_clipping": o.grad_clip,
-        "optimizer": {"type": "AdamW", "params": {"lr": o.lr, "betas": list(o.betas), "eps": o.eps,
-                                                   "weight_decay": o.weight_decay, "torch_adam": True}},
+        "optimizer": optimizer_config(cfg),
         "zero_optimization": {"stage": layout.zero_stage},
         "bf16": {"enabled": prec.dtype == "bf16"},
         "fp16": {"enabled": prec.dtype == "fp16", "loss_scale": 0,
@@ -53,9 +52,22 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if cfg.optim.name == "sgd":  # ZeRO partitions any torch optimizer; DeepSpeed asks to be told (its tests cover Adam)
+        ds["zero_allow_untested_optimizer"] = True
     if layout.pp > 1:
         ds["pipeline"] = {"activation_checkpoint_interval": 1 if cfg.model.activation_checkpointing else 0}
     return _deep_merge(ds, dict(cfg.deepspeed))
+
+
+def optimizer_config(cfg: Config) -> Dict[str, Any]:
+    """DeepSpeed's optimizer block: torch's AdamW (`torch_adam`), or torch's SGD (DeepSpeed
+    builds any torch.optim class its config names)."""
+    o = cfg.optim
+    if o.name == "sgd":
+        return {"type": "SGD", "params": {"lr": o.lr, "momentum": o.momentum, "nesterov": o.nesterov,
+                                          "weight_decay": o.weight_decay}}
+    return {"type": "AdamW", "params": {"lr": o.lr, "betas": list(o.betas), "eps": o.eps,
+                                        "weight_decay": o.weight_decay, "torch_adam": True}}
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:

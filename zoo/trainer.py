@@ -45,7 +45,7 @@ class Trainer:
         self.dp_group = grid.get_data_parallel_group()
         self.step = 0
         self.consumed = 0  # samples, globally: the layout-free data position
-        self.meta = {"family": cfg.model.family, "shape": task.model_meta(),
+        self.meta = {"family": cfg.model.family, "shape": task.model_meta(), "optimizer": cfg.optim.name,
                      "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage},
                      "native": native_checkpoint.layout_key(layout, cfg)}
         self.ckpt_root = run_dir / "checkpoints"

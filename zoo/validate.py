@@ -111,6 +111,10 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
                                           "parallel.backend=gloo (CPU) or nccl (CUDA), or null")
     from zoo.schedules import SCHEDULES
 
+    _require(cfg.optim.name in ("adamw", "sgd"),
+             f"optim.name={cfg.optim.name!r} is unknown; choose optim=adamw or optim=sgd")
+    _require(not (cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0),
+             "optim.nesterov=true needs momentum: set optim.momentum > 0 (e.g. 0.9)")
     _require(cfg.optim.schedule in SCHEDULES,
              f"optim.schedule={cfg.optim.schedule!r} is unknown; choose one of {list(SCHEDULES)}")
     method = p.partition_method

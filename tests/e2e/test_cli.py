@@ -57,6 +57,8 @@ BAD_INPUT = [
     (["optim.schedule=wsd", "optim.decay_fraction=1.5"], "optim.decay_fraction=1.5 must be in (0, 1]"),
     (["+deepspeed.scheduler.type=WarmupLR"], "deepspeed.scheduler is set by zoo from its own config: set optim.schedule"),
     (["trainer.eval_every=-1"], "trainer.eval_every=-1 must be >= 0"),
+    (["optim.name=lion"], "optim.name='lion' is unknown; choose optim=adamw or optim=sgd"),
+    (["optim=sgd", "optim.momentum=0"], "optim.nesterov=true needs momentum"),
     (["trainer.early_stop.patience=2"], "trainer.early_stop.patience=2 needs periodic evaluation"),
     (["checkpoint.best=true"], "checkpoint.best=true keeps the checkpoint of the best evaluation"),
 ]

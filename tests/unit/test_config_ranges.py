@@ -94,6 +94,7 @@ OUTSIDE = {
     "trainer.eval_batches": ("-1", "must be >= 0"),
     "trainer.eval_every": ("-1", "must be >= 0 (0: evaluate only at the end)"),
     "optim.decay_fraction": ("0", "must be in (0, 1]"),
+    "optim.momentum": ("1.0", "must be in [0, 1) (SGD's momentum; 0: none)"),
     "trainer.early_stop.patience": ("-2", "must be >= 0 (0: never stop early)"),
     "trainer.early_stop.min_delta": ("-0.1", "must be >= 0"),
     "trainer.sample_tokens": ("-1", "must be >= 0"),

@@ -42,6 +42,15 @@ FORMAT = "zoo-checkpoint-1"
 ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 
 
+def state_keys(engine) -> Tuple[str, ...]:
+    """The per-parameter optimizer state a checkpoint keeps: AdamW's two moments, or SGD's
+    momentum buffer (none without momentum)."""
+    base = _base_optimizer(engine)
+    if isinstance(base, torch.optim.SGD):
+        return ("momentum_buffer",) if any(g.get("momentum", 0) for g in base.param_groups) else ()
+    return ADAM_KEYS
+
+
 def _base_optimizer(engine):
     opt = engine.optimizer
     return opt if isinstance(opt, torch.optim.Optimizer) and not hasattr(opt, "optimizer") else opt.optimizer
@@ -59,10 +68,12 @@ def _ensure_optimizer_state(engine) -> None:
         return
     # ZeRO-3 keeps its flat fp32 partitions outside the base optimizer's groups between steps.
     flats = getattr(opt, "fp32_partitioned_groups_flat", None) or [p for g in base.param_groups for p in g["params"]]
+    keys, adam = state_keys(engine), not isinstance(base, torch.optim.SGD)
     for flat in flats:
         state = base.state[flat]
-        state.setdefault("step", torch.tensor(0.0))
-        for key in ADAM_KEYS:
+        if adam:
+            state.setdefault("step", torch.tensor(0.0))
+        for key in keys:  # SGD's first step from a zero buffer equals its own start (buffer = grad)
             state.setdefault(key, torch.zeros_like(flat))
     if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):  # ZeRO-3 reads its flat state directly
         opt._hp_optimizer_states_linked = False
@@ -125,7 +136,7 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
     for pname, p in _unique_params(engine.module):
         plain = plain_name(pname)
         weights[plain] = _full(engine, p, None, group)
-        for key in ADAM_KEYS:
+        for key in state_keys(engine):
             optim[f"{key}.{plain}"] = _full(engine, p, key, group)
     for bname, b in engine.module.named_buffers():
         if bname.rsplit(".", 1)[-1] in {"running_mean", "running_var", "num_batches_tracked"}:
@@ -206,6 +217,11 @@ def check_compatible(state: dict, meta: dict, path: Path) -> None:
         if state.get(key) != meta.get(key):
             raise CheckpointError(f"checkpoint {path} was written for model {key} {state.get(key)} but this run "
                                   f"builds {meta.get(key)}; resume with the same model settings")
+    written, now = state.get("optimizer", "adamw"), meta.get("optimizer", "adamw")  # older checkpoints: AdamW
+    if written != now:
+        raise CheckpointError(f"checkpoint {path} holds optim={written}'s state but this run uses optim={now}; resume "
+                              f"with optim={written}, or export the weights (python -m zoo.export) and start from "
+                              f"them with model.init_from")
 
 
 class _Tensors:
@@ -282,7 +298,7 @@ def _load_layout_free(engine, path: Path, state: dict) -> None:
     for pname, p in _unique_params(engine.module):
         plain = plain_name(pname)
         w = local_shard(weights.get(plain), p).to(device)
-        moments = {k: local_shard(optim.get(f"{k}.{plain}"), p).to(device) for k in ADAM_KEYS}
+        moments = {k: local_shard(optim.get(f"{k}.{plain}"), p).to(device) for k in state_keys(engine)}
         if hasattr(p, "ds_id"):  # ZeRO-3: the fp32 partitions, then the model's partitions
             safe_set_full_fp32_param(p, w)
             for k, v in moments.items():
@@ -296,7 +312,8 @@ def _load_layout_free(engine, path: Path, state: dict) -> None:
             p.data.copy_(w.to(p.dtype))
         else:
             p.data.copy_(w.to(p.dtype))
-            base.state[p] = {"step": torch.tensor(float(state["optimizer_step"])), **moments}
+            step = {} if isinstance(base, torch.optim.SGD) else {"step": torch.tensor(float(state["optimizer_step"]))}
+            base.state[p] = {**step, **moments}
     for bname, b in engine.module.named_buffers():
         key = plain_name(bname)
         if key in weights.where:

@@ -83,6 +83,7 @@ RANGES = {
     "optim.weight_decay": Range(ge=0),
     "optim.betas": Range(ge=0, lt=1, hint="AdamW's moving-average coefficients, e.g. [0.9, 0.95]"),
     "optim.eps": POSITIVE,
+    "optim.momentum": Range(ge=0, lt=1, hint="SGD's momentum; 0: none"),
     "optim.grad_clip": Range(ge=0, hint="0 disables clipping"),
     "precision.initial_scale_power": Range(ge=0, le=32, hint="fp16's first loss scale is 2**this"),
     "precision.loss_scale_window": POSITIVE,

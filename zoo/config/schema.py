@@ -112,6 +112,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    name: str = "adamw"
+    """`adamw` (torch's AdamW) or `sgd` (torch's SGD with momentum), both through DeepSpeed's
+    optimizer config (`optim=adamw` / `optim=sgd` pick a preset)."""
     lr: float = 1e-3
     """Peak learning rate. Range: positive."""
     schedule: str = "cosine"
@@ -132,6 +135,10 @@ class OptimConfig:
     """AdamW betas. Range: in [0, 1)."""
     eps: float = 1e-8
     """AdamW epsilon. Range: positive."""
+    momentum: float = 0.9
+    """SGD momentum (0: none). Range: in [0, 1)."""
+    nesterov: bool = False
+    """SGD: Nesterov momentum (needs momentum > 0)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables). Range: >= 0."""
 
