@@ -89,7 +89,9 @@ def _read_files(path: str, column: str, counts: Dict[str, int]) -> List[str]:
         try:
             table = datasets.load_dataset(kind, data_files=str(f), split="train")
         except Exception as err:  # datasets raises many types for unreadable files
-            raise DataError(f"cannot read {f} as {kind}: {type(err).__name__}: {err}") from None
+            root = err.__cause__ or err.__context__ or err  # datasets wraps the parser's own words
+            why = f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}"
+            raise DataError(f"cannot read {f} as {kind}: {why}; fix the file or leave it out of data.path") from None
         texts.extend(_column(table, column, str(f)))
     return texts
 

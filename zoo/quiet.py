@@ -35,6 +35,8 @@ def quiet_third_party(verbose: bool, rank: int = 0) -> None:
     ds.addFilter(_ErrorsOnly())
     if not sys.stderr.isatty():
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    # datasets logs a file it cannot parse (an error) before raising; zoo's one line says it (DataError)
+    os.environ.setdefault("DATASETS_VERBOSITY", "critical")
     if rank != 0:
         warnings.simplefilter("ignore")
 

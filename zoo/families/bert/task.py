@@ -1,4 +1,6 @@
-"""The BERT task: masked-language modelling on sentence-pair samples of the embedded corpus."""
+"""The BERT task: masked-language modelling on sentence-pair samples of any text source
+(the embedded corpus, data=files, data=hub, data.mix): pairs where a document has several
+sentences, single segments otherwise; bad records refused or skipped and counted as for GPT."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,18 +24,18 @@ class BertTask(Task):
     def prepare(self, run_dir: Path, rank: int) -> None:
         from transformers import AutoTokenizer
 
-        from data_pipelines.corpus import pydoc_documents
         from data_pipelines.mlm import (
             BucketedStream,
             MLMBatches,
             load_mlm_samples,
             prepare_mlm_samples,
         )
+        from data_pipelines.text_sources import read_documents
         from data_pipelines.tokenizer import save_tokenizer, train_bert_tokenizer
 
         cfg = self.cfg
-        docs = pydoc_documents()
-        source_key = f"pydoc:{len(docs)}:{sum(map(len, docs))}"
+        documents = read_documents(cfg.data)
+        docs, source_key, self.data_counts = documents.texts, documents.key, documents.counts
         self.init_state, meta, tok_dir = None, None, cfg.data.tokenizer
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.checkpoint.hf import read_hf
@@ -131,4 +133,7 @@ class BertTask(Task):
         if total:
             out.update(eval_accuracy=correct / total, baseline_accuracy=baseline / total, eval_masked_tokens=total,
                        baseline_token=self.tokenizer.convert_ids_to_tokens(most_frequent))
+        # What reading skipped or repaired, counted (nothing is dropped silently), and the samples made.
+        out["data"] = {**self.data_counts, **{k: self.samples.meta[k] for k in ("documents", "sentences", "samples")
+                                              if k in getattr(self.samples, "meta", {})}}
         return out
