@@ -182,3 +182,11 @@ def read_documents(data_cfg) -> Documents:
                  for m in data_cfg.mix]
         return mix(parts, [float(m.get("weight", 1.0)) for m in data_cfg.mix])
     return read_source(data_cfg.name, data_cfg.path, data_cfg.text_column)
+
+
+def as_eval_path_error(err: Exception, eval_path: str) -> DataError:
+    """A DataError about the held-out source, naming data.eval_path (the readers say data.path)."""
+    text = str(err)
+    if text.startswith("data.path="):
+        return DataError("data.eval_path=" + text[len("data.path="):])
+    return DataError(f"data.eval_path={eval_path}: {text}")

@@ -124,6 +124,9 @@ PATH_CASES = [
     (["data.tokenizer=gpt2"], "data.tokenizer=gpt2: no such directory"),
     (["model.init_from={d}/nope"], "model.init_from={d}/nope: no such directory"),
     (["resume={d}/nope"], "resume={d}/nope: no such checkpoint or run directory"),
+    (["data.eval_path={d}/nope.jsonl"], "data.eval_path={d}/nope.jsonl: no such file or directory"),
+    (["data.eval_path={d}/empty"], "data.eval_path={d}/empty matches no file with a suffix among"),
+    (["model=bert", "data.eval_path={d}/blob.dat"], "data.eval_path is read by model=gpt and model=llama"),
 ]
 
 

@@ -75,3 +75,19 @@ def test_a_wsd_schedule_resumed_on_another_layout_continues_exactly(run_zoo, tmp
         want = 1e-3 * lr_ratio(step - 1, schedule="wsd", warmup=2, total=8, min_ratio=1e-2, decay_fraction=0.5)
         assert lr == pytest.approx(want, rel=1e-9, abs=1e-15), (step, lr, want)
     assert logged[4] == pytest.approx(1e-3) and logged[8] == pytest.approx(1e-5)
+
+
+def test_a_held_out_source_of_its_own_is_what_evaluation_reads(run_zoo, tmp_path):
+    """data.eval_path: training reads all of data.path (no split), evaluation every block of
+    the held-out file; the periodic and the final evaluation are over the same blocks."""
+    from data_pipelines.corpus import pydoc_documents
+
+    docs = pydoc_documents()
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:60]))
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[60:]))
+    run = run_zoo("debug=fast", "logger=none", "trainer.sample_tokens=0", "data=files",
+                  f"data.path={tmp_path / 'train.jsonl'}", f"data.eval_path={tmp_path / 'held.jsonl'}",
+                  "trainer.max_steps=4", "trainer.eval_every=2", "trainer.eval_batches=null")
+    s = run.summary
+    assert s["data"]["documents"] == 60 and list(run.evals()) == [2]
+    assert s["eval_loss"] < run.evals()[2] + 0.5  # the same held-out blocks, two steps later

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, DataError
 
 
 def _local(path: str) -> bool:
@@ -46,6 +46,23 @@ def check_paths(cfg, spec) -> None:
             from data_pipelines.text_sources import expand_paths
 
             expand_paths(str(source.get("path") or ""))
+    if d.eval_path:
+        if spec.name not in ("gpt", "llama") or d.name == "prepared":
+            raise ConfigError(f"data.eval_path is read by model=gpt and model=llama on text sources (not by "
+                              f"model={spec.name}{' with data=prepared' if d.name == 'prepared' else ''} yet); "
+                              f"drop it to evaluate on a data.eval_fraction split")
+        if d.name != "hub" or _local(d.eval_path):
+            from data_pipelines.text_sources import expand_paths
+
+            if d.name != "hub":
+                from data_pipelines.text_sources import as_eval_path_error
+
+                try:
+                    expand_paths(d.eval_path)
+                except DataError as err:
+                    raise as_eval_path_error(err, d.eval_path) from None
+            elif not Path(d.eval_path).expanduser().exists():
+                raise ConfigError(f"data.eval_path={d.eval_path}: no such dataset directory")
     if d.name == "prepared" and d.path:
         p = _directory("data.path", d.path, "the output directory of `python -m data_pipelines.prepare`")
         missing = [name for name in ("meta.json", "tokenizer") if not (p / name).exists()]

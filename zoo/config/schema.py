@@ -82,6 +82,9 @@ class DataConfig:
     """For `files`: a file, a directory or a glob. For `hub`: the dataset name or a local dataset directory."""
     text_column: str = "text"
     """Column holding the text in jsonl/parquet/csv/hub sources."""
+    eval_path: Optional[str] = None
+    """A held-out source in data.path's forms (a file, directory or glob; with data=hub a dataset
+    name or directory): evaluation reads it instead of a data.eval_fraction split (GPT, Llama)."""
     mix: List[Dict[str, Any]] = field(default_factory=list)
     """Weighted text sources, e.g. [{name: files, path: a.jsonl, weight: 3}, {name: pydoc, weight: 1}];
     when set it replaces data.name/data.path."""

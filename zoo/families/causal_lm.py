@@ -80,8 +80,9 @@ class CausalLMTask(Task):
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
         block = meta["block_size"] if meta is not None else self.spec.shape(cfg.model).block_size
-        entry = prepare_packed_blocks(docs, tok_dir, block_size=block, eval_fraction=cfg.data.eval_fraction,
-                                      source_key=source_key, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
+        pack = dict(block_size=block, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
+        entry = prepare_packed_blocks(docs, tok_dir, eval_fraction=0.0 if cfg.data.eval_path else cfg.data.eval_fraction,
+                                      source_key=source_key, **pack)
         if rank == 0 and not (run_dir / "tokenizer").exists():
             if os.path.isdir(tok_dir):
                 shutil.copytree(tok_dir, run_dir / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
@@ -89,6 +90,20 @@ class CausalLMTask(Task):
                 load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.blocks = load_packed_blocks(entry)
+        if cfg.data.eval_path:  # a held-out source of its own: all of its blocks are the eval split
+            from data_pipelines.lm import PackedBlocks
+            from data_pipelines.text_sources import as_eval_path_error, read_source
+            from zoo.errors import DataError
+
+            try:
+                held = read_source("hub" if cfg.data.name == "hub" else "files", cfg.data.eval_path,
+                                   cfg.data.text_column)
+                held_entry = prepare_packed_blocks(held.texts, tok_dir, eval_fraction=0.0, source_key=held.key, **pack)
+            except DataError as err:
+                raise as_eval_path_error(err, cfg.data.eval_path) from None
+            self.blocks = PackedBlocks(train=self.blocks.train, eval=load_packed_blocks(held_entry).train,
+                                       meta=self.blocks.meta)
+            self.data_counts.update({f"eval_{k}": v for k, v in held.counts.items()})
         self.shape = self._shape(meta)
 
     def model_meta(self) -> dict:

@@ -112,15 +112,17 @@ class Task:
         asked, held, per_round = self.cfg.trainer.eval_batches, self.num_eval(), micro_batch * dp_size
         if asked == 0:
             return None
-        source = "data.eval_path" if getattr(self.cfg.data, "eval_path", None) else \
+        eval_path = getattr(self.cfg.data, "eval_path", None)
+        source = f"data.eval_path={eval_path}" if eval_path else \
             f"data.eval_fraction={self.cfg.data.eval_fraction:g} of the data"
         if held < per_round:
             needed_fraction = self.cfg.data.eval_fraction * per_round / max(held, 1)
+            more = ("give data.eval_path more text" if eval_path else
+                    f"raise data.eval_fraction (to about {min(needed_fraction, 0.5):.2g}), use more data")
             raise DataError(
                 f"the held-out split has {held} samples ({source}), fewer than one evaluation batch "
                 f"(micro-batch {micro_batch} x dp {dp_size} = {per_round}): the run would end without an "
-                f"evaluation; raise data.eval_fraction (to about {min(needed_fraction, 0.5):.2g}), use more data, "
-                f"or set trainer.eval_batches=0 to train without evaluating")
+                f"evaluation; {more}, or set trainer.eval_batches=0 to train without evaluating")
         if asked is not None and held // per_round < asked:
             return (f"trainer.eval_batches={asked} but the held-out split ({held} samples, {source}) holds "
                     f"{held // per_round} evaluation batches of {per_round}: evaluating on {held // per_round}")
