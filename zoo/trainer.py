@@ -168,11 +168,12 @@ class Trainer:
         self.loader.wait_idle()
         with self.monitor.outside_step():
             eval_loss = self.evaluate()
-            torch.set_rng_state(rng)
+            plain = self._plain_model_on_rank0() if self.task.eval_metrics_need_weights() else None
+            record = {"step": self.step, "eval_loss": eval_loss, **self.task.eval_metrics(eval_loss, plain),
+                      "eval_time_s": time.perf_counter() - t0}
+            torch.set_rng_state(rng)  # building the plain model drew from it too
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
-            record = {"step": self.step, "eval_loss": eval_loss, **self.task.eval_metrics(eval_loss),
-                      "eval_time_s": time.perf_counter() - t0}
             es, s = self.cfg.trainer.early_stop, self.eval_state
             if s["best"] is None or eval_loss < s["best"] - es.min_delta:
                 s.update(best=eval_loss, best_step=self.step, bad_evals=0)
@@ -183,6 +184,16 @@ class Trainer:
             if es.patience and s["bad_evals"] >= es.patience:
                 self.stopped_early = self.step
         return record
+
+    def _plain_model_on_rank0(self):
+        """The single-device model with the consolidated weights on rank 0, None elsewhere
+        (collective: every rank takes part in the gather)."""
+        state = consolidated_state_dict(self.engine.module, self.grid)
+        if self.rank != 0:
+            return None
+        model = self.task.plain_model()
+        load_plain(model, state)
+        return model.eval()
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> None:

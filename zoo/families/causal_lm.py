@@ -150,7 +150,7 @@ class CausalLMTask(Task):
             out["sample"] = self.tokenizer.decode(gen[0].tolist())
         return out
 
-    def eval_metrics(self, eval_loss: float) -> Dict[str, object]:
+    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
         return {"eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf")}
 
     def sample_prompt(self) -> str:

@@ -140,9 +140,13 @@ class Task:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     # -- the end of a run -----------------------------------------------------------------
-    def eval_metrics(self, eval_loss: float) -> Dict[str, object]:
-        """What a periodic evaluation reports besides its loss (from the loss alone)."""
+    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
+        """What a periodic evaluation reports besides its loss; `model` is the plain model with
+        the consolidated weights (rank 0) when `eval_metrics_need_weights()`, else None."""
         return {}
+
+    def eval_metrics_need_weights(self) -> bool:
+        return False
 
     def final_metrics(self, model, eval_loss: float) -> Dict[str, object]:
         """Family metrics on rank 0; `model` is the plain model with the consolidated

@@ -39,6 +39,8 @@ def _eval_parts(r: Dict[str, Any]) -> list:
     parts = [f"eval loss {r['eval_loss']:.4f}"]
     if "eval_perplexity" in r:
         parts.append(f"eval ppl {r['eval_perplexity']:,.1f}")
+    if "eval_accuracy" in r:
+        parts.append(f"eval acc {_percent(r['eval_accuracy'])}")
     return parts + [f"eval {r['eval_time_s']:.1f} s"]
 
 

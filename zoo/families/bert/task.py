@@ -110,6 +110,16 @@ class BertTask(Task):
         return self.stream.padding_efficiency(self.train_lengths, t.max_steps * t.global_batch_size,
                                               self._micro_and_dp()[0], pad_to=self.pad_to)
 
+    def eval_metrics_need_weights(self) -> bool:
+        return True
+
+    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
+        """The accuracy of every periodic evaluation: the final metrics' on the same held-out samples."""
+        if model is None:
+            return {}
+        out = self.final_metrics(model, eval_loss)
+        return {k: out[k] for k in ("eval_accuracy", "baseline_accuracy", "majority_class_accuracy") if k in out}
+
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
         """Masked-token accuracy on the held-out samples the trainer evaluated, the accuracy of

@@ -59,6 +59,16 @@ class CNNTask(Task):
     def num_eval(self) -> int:
         return len(self.data.eval_y)
 
+    def eval_metrics_need_weights(self) -> bool:
+        return True
+
+    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
+        """The accuracy of every periodic evaluation: the final metrics' on the same held-out samples."""
+        if model is None:
+            return {}
+        out = self.final_metrics(model, eval_loss)
+        return {k: out[k] for k in ("eval_accuracy", "baseline_accuracy", "majority_class_accuracy") if k in out}
+
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
         """Top-1 accuracy on the held-out images the trainer evaluated (with
