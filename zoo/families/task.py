@@ -156,3 +156,17 @@ class Task:
     def final_metrics_need_weights(self) -> bool:
         """Whether `final_metrics` needs the trained weights (consolidated on rank 0)."""
         return True
+
+
+class AccuracyEvaluation:
+    """A family whose held-out metric is an accuracy (BERT's masked tokens, the CNN's images):
+    every periodic evaluation reports it too, from the final metrics on the same samples."""
+
+    def eval_metrics_need_weights(self) -> bool:
+        return True
+
+    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
+        if model is None:
+            return {}
+        out = self.final_metrics(model, eval_loss)
+        return {k: out[k] for k in ("eval_accuracy", "baseline_accuracy", "majority_class_accuracy") if k in out}

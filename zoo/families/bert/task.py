@@ -13,12 +13,12 @@ import torch.nn as nn
 from data_pipelines.schedule import micro_batch_start
 from zoo.engine import micro_batching
 from zoo.errors import ConfigError
-from zoo.families.task import Batch, Task
+from zoo.families.task import AccuracyEvaluation, Batch, Task
 from zoo.families.transformer import padded_vocab, shape_from_config
 from zoo.models.bert import BertShape, bert_shape
 
 
-class BertTask(Task):
+class BertTask(AccuracyEvaluation, Task):
     family = "bert"
 
     def prepare(self, run_dir: Path, rank: int) -> None:
@@ -109,16 +109,6 @@ class BertTask(Task):
         t = self.cfg.trainer
         return self.stream.padding_efficiency(self.train_lengths, t.max_steps * t.global_batch_size,
                                               self._micro_and_dp()[0], pad_to=self.pad_to)
-
-    def eval_metrics_need_weights(self) -> bool:
-        return True
-
-    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
-        """The accuracy of every periodic evaluation: the final metrics' on the same held-out samples."""
-        if model is None:
-            return {}
-        out = self.final_metrics(model, eval_loss)
-        return {k: out[k] for k in ("eval_accuracy", "baseline_accuracy", "majority_class_accuracy") if k in out}
 
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
 from zoo.engine import micro_batching
-from zoo.families.task import Batch, Task
+from zoo.families.task import AccuracyEvaluation, Batch, Task
 from zoo.models.cnn import cnn_shape
 
 
@@ -26,7 +26,7 @@ def load_images(data):
                                   label_column=data.label_column, image_size=data.image_size)
 
 
-class CNNTask(Task):
+class CNNTask(AccuracyEvaluation, Task):
     family = "cnn"
 
     def prepare(self, run_dir: Path, rank: int) -> None:
@@ -58,16 +58,6 @@ class CNNTask(Task):
 
     def num_eval(self) -> int:
         return len(self.data.eval_y)
-
-    def eval_metrics_need_weights(self) -> bool:
-        return True
-
-    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
-        """The accuracy of every periodic evaluation: the final metrics' on the same held-out samples."""
-        if model is None:
-            return {}
-        out = self.final_metrics(model, eval_loss)
-        return {k: out[k] for k in ("eval_accuracy", "baseline_accuracy", "majority_class_accuracy") if k in out}
 
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
