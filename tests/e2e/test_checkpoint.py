@@ -151,13 +151,11 @@ PP = ["parallel=pp", "parallel.num_microbatches=4"]
 
 # (layout, what the resume crosses, the step the segment ends at): one 20-step schedule
 CHAIN = [
-    (PP, "pp 2 (written)", 2),
-    (PP, "pp 2 same", 4),
-    (["parallel=ddp"], "pp 2 -> 1", 6),
-    (["parallel=tp"], "tp 1 -> 2", 8),
-    (["parallel=zero1"], "tp 2 -> 1, dp 1 -> 2", 10),
-    (["parallel=zero3"], "ZeRO 1 -> 3", 12),
-    (["parallel=zero3"], "ZeRO 3 same", 14),
+    (PP, "pp 2 (written)", 4),
+    (PP, "pp 2 same", 8),
+    (["parallel=tp"], "pp 2 -> 1, tp 1 -> 2", 11),
+    (["parallel=zero3"], "tp 2 -> 1, dp 1 -> 2, ZeRO 1 -> 3", 14),
+    (["parallel=zero3"], "ZeRO 3 same", 17),
     (["parallel=ddp"], "dp 2 -> 1, ZeRO 3 -> 0", STEPS),
 ]
 
