@@ -110,17 +110,24 @@ class BertTask(AccuracyEvaluation, Task):
         return self.stream.padding_efficiency(self.train_lengths, t.max_steps * t.global_batch_size,
                                               self._micro_and_dp()[0], pad_to=self.pad_to)
 
+    def _most_frequent_token(self) -> int:
+        """The training samples' most frequent non-special token (the baseline's guess): counted
+        once per run, not at every periodic evaluation."""
+        if getattr(self, "_most_frequent", None) is None:
+            ids = np.asarray(self.samples.ids)
+            counts = np.bincount(np.concatenate([ids[self.samples.offsets[i]:self.samples.offsets[i + 1]]
+                                                 for i in self.samples.train]), minlength=self.shape.vocab_size)
+            counts[self.tokenizer.all_special_ids] = 0
+            self._most_frequent = int(counts.argmax())
+        return self._most_frequent
+
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
         """Masked-token accuracy on the held-out samples the trainer evaluated, the accuracy of
         always predicting the most frequent training token there, and the padding efficiency."""
         micro, dp = self._micro_and_dp()
         count = self.eval_rounds(micro, dp) * micro * dp
-        ids = np.asarray(self.samples.ids)
-        counts = np.bincount(np.concatenate([ids[self.samples.offsets[i]:self.samples.offsets[i + 1]]
-                                             for i in self.samples.train]), minlength=self.shape.vocab_size)
-        counts[self.tokenizer.all_special_ids] = 0
-        most_frequent = int(counts.argmax())
+        most_frequent = self._most_frequent_token()
         correct = baseline = total = 0
         for start in range(0, count, micro):
             inputs, labels = self.collate("eval", np.arange(start, min(start + micro, count)))
