@@ -148,6 +148,8 @@ def run_zoo(tmp_path_factory, zoo_cache, run_server):
         argv = cmd or [sys.executable, "-m", module, f"hydra.run.dir={run_dir}", "trainer.progress=false",
                        *overrides]
         if cmd is None and os.environ.get("ZOO_TEST_FORK", "1") != "0":  # forked from the preloaded server
+            # and its ranks forked from the run itself, which has everything imported (zoo.launch)
+            full_env = {"ZOO_START_METHOD": "fork", **full_env}
             proc = run_server.run(module, argv[3:], full_env, cwd, timeout, tmp_path_factory.mktemp("out"))
         else:
             proc = subprocess.run(argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

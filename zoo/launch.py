@@ -87,6 +87,8 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
 
     os.environ[VERBOSE_ENV] = "1" if verbose else "0"
     start_method = worker_start_method()
+    if start_method == "fork":
+        start_method = _fork_or_forkserver()
     if start_method == "forkserver":
         import multiprocessing
 
@@ -108,14 +110,34 @@ def worker_start_method() -> str:
     """How the local launcher starts its ranks: `forkserver` where no GPU is visible (one
     clean server process imports what every rank needs once, PRELOAD, and forks each rank
     from it: on 2 cores a rank's own imports took ~8 s of CPU), `spawn` on CUDA machines.
-    ZOO_START_METHOD=spawn|forkserver overrides."""
+    ZOO_START_METHOD=spawn|forkserver|fork overrides (fork: see `_fork_or_forkserver`)."""
     import torch
 
     chosen = os.environ.get(START_METHOD_ENV)
     if chosen:
-        if chosen not in ("spawn", "forkserver"):
+        if chosen not in ("spawn", "forkserver", "fork"):
             from zoo.errors import ConfigError
 
-            raise ConfigError(f"{START_METHOD_ENV}={chosen} is unknown; use spawn or forkserver (or unset it)")
+            raise ConfigError(f"{START_METHOD_ENV}={chosen} is unknown; use spawn, forkserver or fork (or unset it)")
         return chosen
     return "spawn" if torch.cuda.is_available() else "forkserver"
+
+
+def _os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: unknown, so not 1
+        return 0
+
+
+def _fork_or_forkserver() -> str:
+    """ZOO_START_METHOD=fork: the ranks are forked from this process itself, after it imported
+    PRELOAD, so no second interpreter imports them again (a process that has them imported
+    already, as the tests' run server does, starts a 2-rank run ~7 s sooner). Only a process
+    with one OS thread forks: a child forked after OpenMP started its thread pool hangs at its
+    first parallel op (seen here with torch's libgomp). With more threads, the forkserver."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    return "fork" if _os_threads() == 1 else "forkserver"

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -54,6 +55,19 @@ def test_the_local_launcher_forks_ranks_from_a_server_on_cpu_and_spawns_them_on_
     assert launch.worker_start_method() == "forkserver"
 
 
+def test_fork_is_taken_only_by_a_process_with_one_thread():
+    """A fresh process forks its ranks; once OpenMP has started its pool (a 2-thread matmul),
+    forking would hang the child, so the forkserver is taken."""
+    import subprocess
+    import sys
+
+    probe = ("from zoo import launch; import torch; a = launch._fork_or_forkserver(); torch.set_num_threads(2); "
+             "x = torch.randn(512, 512); x @ x; print(a, launch._fork_or_forkserver())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.stdout.splitlines()[-1].split() == ["fork", "forkserver"], out.stderr[-2000:]
+
+
 def test_every_module_the_server_preloads_exists():
     import importlib.util
 
@@ -68,8 +82,8 @@ def test_an_unknown_start_method_is_one_line(monkeypatch):
     from zoo import launch
     from zoo.errors import ConfigError
 
-    monkeypatch.setenv(launch.START_METHOD_ENV, "fork")
-    with pytest.raises(ConfigError, match="ZOO_START_METHOD=fork is unknown; use spawn or forkserver"):
+    monkeypatch.setenv(launch.START_METHOD_ENV, "vfork")
+    with pytest.raises(ConfigError, match="ZOO_START_METHOD=vfork is unknown; use spawn, forkserver or fork"):
         launch.worker_start_method()
 
 
