@@ -101,24 +101,39 @@ def _folder(root: Path) -> Tuple[List, List[str]]:
     return files, classes
 
 
-def find_image_folder(path: str) -> Tuple[List, List[str]]:
+def find_image_folder(path: str, key: str = "data.path") -> Tuple[List, List[str]]:
     """([(path, class name) per image] per split, the classes) of an image folder: root/<class>/
     or root/train/<class>/ with root/test/<class>/; DataError if it holds no images."""
     root = Path(path).expanduser()
     if not root.is_dir():
-        raise DataError(f"data.path={path!r} is not a directory of class sub-directories")
+        raise DataError(f"{key}={path!r} is not a directory of class sub-directories")
     splits = [root / "train", root / "test"] if (root / "train").is_dir() and (root / "test").is_dir() else [root]
     found = [_folder(r) for r in splits]
     classes = sorted({c for _, cs in found for c in cs})
     if not classes or not all(files for files, _ in found):
-        raise DataError(f"data.path={path!r} holds no images in class sub-directories ({', '.join(IMAGE_SUFFIXES)})")
+        raise DataError(f"{key}={path!r} holds no images in class sub-directories ({', '.join(IMAGE_SUFFIXES)})")
     return found, classes
 
 
-def load_image_folder(path: str, eval_fraction: float, image_size: Optional[int] = None) -> ImageSplits:
+def _known_classes(held: Sequence[str], classes: Sequence[str], eval_path: str) -> None:
+    unknown = sorted(set(held) - set(classes))
+    if unknown:
+        raise DataError(f"data.eval_path={eval_path!r} has {len(unknown)} class(es) the training data lacks "
+                        f"({', '.join(map(str, unknown[:5]))}); the model can only predict data.path's "
+                        f"{len(classes)} classes: give held-out images of those")
+
+
+def load_image_folder(path: str, eval_fraction: float, image_size: Optional[int] = None,
+                      eval_path: Optional[str] = None) -> ImageSplits:
+    """data.eval_path (a folder of the same layout): its images are the held-out split (its
+    test/ split if it has one) and data.path's training images (its train/ split) are all trained on."""
     from PIL import Image
 
     found, classes = find_image_folder(path)
+    if eval_path:
+        held, held_classes = find_image_folder(eval_path, "data.eval_path")
+        _known_classes(held_classes, classes, eval_path)
+        found = [found[0], held[-1]]
     index = {c: i for i, c in enumerate(classes)}
     loaded = []
     for files, _ in found:
@@ -132,8 +147,7 @@ def load_image_folder(path: str, eval_fraction: float, image_size: Optional[int]
     return _standardised(train_x, eval_x, train_y, eval_y, classes)
 
 
-def load_hub_images(path: str, eval_fraction: float, *, image_column: str = "image", label_column: str = "label",
-                    image_size: Optional[int] = None) -> ImageSplits:
+def _hub_dataset(path: str):
     import datasets
 
     local = Path(path)
@@ -141,19 +155,37 @@ def load_hub_images(path: str, eval_fraction: float, *, image_column: str = "ima
         ds = datasets.load_from_disk(str(local))
     else:
         ds = datasets.load_dataset(path)
-    if isinstance(ds, datasets.Dataset):
-        ds = datasets.DatasetDict({"train": ds})
+    return datasets.DatasetDict({"train": ds}) if isinstance(ds, datasets.Dataset) else ds
+
+
+def _check_columns(split, path: str, columns: Sequence[str]) -> None:
+    for column in columns:
+        if column not in split.column_names:
+            raise DataError(f"the dataset at {path!r} has no column {column!r} (columns: {split.column_names}); "
+                            f"set data.image_column / data.label_column")
+
+
+def load_hub_images(path: str, eval_fraction: float, *, image_column: str = "image", label_column: str = "label",
+                    image_size: Optional[int] = None, eval_path: Optional[str] = None) -> ImageSplits:
+    """data.eval_path (another dataset): its test, validation or train split (the first it
+    has) is the held-out split, and all of data.path's train split is trained on."""
+    ds = _hub_dataset(path)
     held_name = next((n for n in ("test", "validation") if n in ds), None)
     train = ds["train"]
-    for column in (image_column, label_column):
-        if column not in train.column_names:
-            raise DataError(f"the dataset at {path!r} has no column {column!r} (columns: {train.column_names}); "
-                             f"set data.image_column / data.label_column")
+    _check_columns(train, path, (image_column, label_column))
     feature = train.features[label_column]
     classes = list(feature.names) if hasattr(feature, "names") else [str(c) for c in sorted(set(train[label_column]))]
     x = _pixels(train[image_column], _square(image_size))
     y = np.asarray(train[label_column])
-    if held_name is None:
+    if eval_path:
+        other = _hub_dataset(eval_path)
+        held = other[next(n for n in ("test", "validation", "train", *other) if n in other)]
+        _check_columns(held, eval_path, (image_column, label_column))
+        eval_y = np.asarray(held[label_column])
+        outside = sorted(int(c) for c in set(eval_y.tolist()) if not 0 <= c < len(classes))
+        _known_classes(outside, range(len(classes)), eval_path)
+        train_x, train_y, eval_x = x, y, _pixels(held[image_column], _size_of(x))
+    elif held_name is None:
         train_x, eval_x, train_y, eval_y = _split(x, y, eval_fraction)
     else:
         held = ds[held_name]

@@ -101,36 +101,81 @@ class MLMSamples:
 
 
 def prepare_mlm_samples(docs: List[str], tokenizer_dir: str, *, block_size: int, eval_fraction: float,
-                        source_key: str, cache_dir: Optional[str] = None) -> Path:
-    """Build (or find) the cached sentence-pair samples of `docs`; returns the cache entry."""
+                        source_key: str, cache_dir: Optional[str] = None, held_docs: Optional[List[str]] = None,
+                        held_key: Optional[str] = None) -> Path:
+    """Build (or find) the cached sentence-pair samples of `docs`; returns the cache entry.
+    With `held_docs` (data.eval_path), every sample of `docs` is trained on and every sample
+    of `held_docs` held out; otherwise a seeded `eval_fraction` of the samples is held out."""
     tok_meta = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
-    key = cache_key(source=source_key, tokenizer=tok_meta, block=block_size, eval=eval_fraction, kind="mlm-pairs")
+    key = cache_key(source=source_key, tokenizer=tok_meta, block=block_size, eval=eval_fraction, kind="mlm-pairs",
+                    **({"held": held_key} if held_docs is not None else {}))
     entry = cache_root(cache_dir) / "datasets" / f"mlm-{key}"
 
     def build(tmp: Path) -> None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-        per_doc = [split_sentences(d) for d in docs]
-        flat = tok([s for doc in per_doc for s in doc], add_special_tokens=False)["input_ids"]
-        doc_sentences, at = [], 0
-        for doc in per_doc:
-            doc_sentences.append(flat[at:at + len(doc)])
-            at += len(doc)
-        ids, offsets, firsts = pair_samples(doc_sentences, block_size=block_size, cls_id=tok.cls_token_id,
-                                            sep_id=tok.sep_token_id)
-        if len(firsts) < 2:
-            raise DataError(f"the source yields {len(firsts)} samples; use more text")
-        train, held = split_eval(np.arange(len(firsts)), eval_fraction)
+
+        def samples_of(texts: List[str]):
+            per_doc = [split_sentences(d) for d in texts]
+            flat = tok([s for doc in per_doc for s in doc], add_special_tokens=False)["input_ids"]
+            doc_sentences, at = [], 0
+            for doc in per_doc:
+                doc_sentences.append(flat[at:at + len(doc)])
+                at += len(doc)
+            return pair_samples(doc_sentences, block_size=block_size, cls_id=tok.cls_token_id,
+                                sep_id=tok.sep_token_id), len(flat)
+
+        (ids, offsets, firsts), sentences = samples_of(docs)
+        if held_docs is None:
+            if len(firsts) < 2:
+                raise DataError(f"the source yields {len(firsts)} samples; use more text")
+            train, held = split_eval(np.arange(len(firsts)), eval_fraction)
+        else:
+            if len(firsts) < 1:
+                raise DataError("the source yields no samples; use more text")
+            (h_ids, h_offsets, h_firsts), h_sentences = samples_of(held_docs)
+            if len(h_firsts) < 1:
+                raise DataError("the held-out source yields no samples; give it more text")
+            train, held = np.arange(len(firsts)), np.arange(len(firsts), len(firsts) + len(h_firsts))
+            ids, offsets = np.concatenate([ids, h_ids]), np.concatenate([offsets, h_offsets[1:] + offsets[-1]])
+            firsts, sentences = np.concatenate([firsts, h_firsts]), sentences + h_sentences
         for name, array in (("ids", ids), ("offsets", offsets), ("first_lengths", firsts), ("train", train),
                             ("eval", held)):
             np.save(tmp / f"{name}.npy", array)
-        meta = {"documents": len(docs), "sentences": len(flat), "samples": int(len(firsts)),
+        meta = {"documents": len(docs), "sentences": sentences, "samples": int(len(firsts)),
                 "tokens": int(len(ids)), "block_size": block_size, "pairs": int((np.diff(offsets) > firsts).sum()),
                 "train_samples": int(len(train)), "eval_samples": int(len(held))}
+        if held_docs is not None:
+            meta["eval_documents"] = len(held_docs)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
     return cached_dir(entry, build)
+
+
+class PackedMLMSamples:
+    """MLMSamples' interface over a prepared token file (data=prepared): every block of
+    block_size - 2 tokens is one segment, `[CLS] block [SEP]`, read from the memory map when
+    asked for; the held-out blocks as PreparedBlocks holds them out (or data.eval_path's)."""
+
+    def __init__(self, directory: Path, block_size: int, eval_fraction: float, *, cls_id: int, sep_id: int,
+                 eval_directory: Optional[Path] = None):
+        from data_pipelines.prepare import PreparedBlocks
+
+        blocks = PreparedBlocks(directory, block_size - 3, eval_fraction, eval_directory)  # rows of block_size - 2
+        self.blocks, self.cls_id, self.sep_id = blocks, cls_id, sep_id
+        n_train, n_eval = len(blocks.train), len(blocks.eval)
+        self.train, self.eval = np.arange(n_train), np.arange(n_train, n_train + n_eval)
+        self.lengths = np.full(n_train + n_eval, block_size, dtype=np.int64)
+        self.unigram_counts = blocks.unigram_counts
+        self.meta = {"documents": blocks.meta["documents"], "samples": n_train + n_eval, "pairs": 0,
+                     "block_size": block_size, "train_samples": n_train, "eval_samples": n_eval}
+
+    def tokens(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
+        n_train = len(self.train)
+        body = self.blocks.train[i] if i < n_train else self.blocks.eval[i - n_train]
+        ids = np.concatenate([[self.cls_id], np.asarray(body, dtype=np.int64), [self.sep_id]])
+        return ids, np.zeros(len(ids), dtype=np.int64)
 
 
 def load_mlm_samples(entry: Path) -> MLMSamples:

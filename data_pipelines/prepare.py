@@ -4,7 +4,8 @@
         --out DATA_DIR [--text-column text] [--batch-docs 1000]
 
 Documents are streamed (file by file; jsonl/parquet/csv through `datasets` streaming),
-tokenized in batches by the fast tokenizer, each followed by the end-of-text token, and
+tokenized in batches by the fast tokenizer, each followed by the end-of-text token (a BERT
+tokenizer's [SEP] where it has none), and
 appended to DATA_DIR/tokens.bin (uint16 when the vocabulary fits, else uint32), with the
 per-token counts for the unigram baseline, DATA_DIR/meta.json and a copy of the tokenizer.
 Nothing is held in memory but one batch. Training reads it without loading it whole:
@@ -59,8 +60,9 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
-    if tok.eos_token_id is None:
-        raise DataError(f"tokenizer {tokenizer_dir} has no end-of-text token")
+    end = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+    if end is None:
+        raise DataError(f"tokenizer {tokenizer_dir} has no end-of-text token (eos) and no [SEP] to end documents with")
     dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32
     out.mkdir(parents=True, exist_ok=True)
     counts: dict = {}
@@ -73,7 +75,7 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
         def flush() -> None:
             nonlocal n_tokens, n_docs
             ids = tok(batch, add_special_tokens=False)["input_ids"]
-            arr = np.fromiter((t for d in ids for t in (*d, tok.eos_token_id)), dtype=np.int64)
+            arr = np.fromiter((t for d in ids for t in (*d, end)), dtype=np.int64)
             unigram[:] += np.bincount(arr, minlength=len(unigram))[:len(unigram)]
             fh.write(arr.astype(dtype).tobytes())
             n_tokens += len(arr)
@@ -93,27 +95,40 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     np.save(out / "unigram_counts.npy", unigram)
     tok.save_pretrained(str(out / "tokenizer"))
     meta = {"format": "zoo-tokens-1", "dtype": np.dtype(dtype).name, "tokens": n_tokens, "documents": n_docs,
-            "eos_id": tok.eos_token_id, "vocab": len(tok), "source": f"{name}:{path}", "skipped": counts}
+            "eos_id": end, "vocab": len(tok), "source": f"{name}:{path}", "skipped": counts}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
 
+def _rows(directory: Path, width: int):
+    meta = json.loads((directory / "meta.json").read_text())
+    tokens = np.memmap(directory / "tokens.bin", dtype=np.dtype(meta["dtype"]), mode="r")
+    n = len(tokens) // width
+    return meta, tokens, n, tokens[: n * width].reshape(n, width)
+
+
 class PreparedBlocks:
     """Blocks of block_size + 1 tokens over a prepared token file, memory-mapped; every
-    k-th block held out. Rows are read only when indexed."""
+    k-th block held out, or, given eval_directory (another prepared file), every block of
+    this one trained on and every block of that one held out. Rows are read only when indexed."""
 
-    def __init__(self, directory: Path, block_size: int, eval_fraction: float):
-        meta = json.loads((directory / "meta.json").read_text())
-        tokens = np.memmap(directory / "tokens.bin", dtype=np.dtype(meta["dtype"]), mode="r")
+    def __init__(self, directory: Path, block_size: int, eval_fraction: float, eval_directory: Path | None = None):
         width = block_size + 1
-        n = len(tokens) // width
-        if n < 2:
-            raise DataError(f"{directory} holds {len(tokens)} tokens: fewer than two blocks of {width}")
-        rows = tokens[: n * width].reshape(n, width)
-        k = max(2, round(1 / eval_fraction))
-        held = np.zeros(n, dtype=bool)
-        held[k - 1 :: k] = True
-        self.train, self.eval = _Rows(rows, np.flatnonzero(~held)), _Rows(rows, np.flatnonzero(held))
+        meta, tokens, n, rows = _rows(directory, width)
+        if n < (1 if eval_directory else 2):
+            blocks = "one block" if eval_directory else "two blocks"
+            raise DataError(f"{directory} holds {len(tokens)} tokens: fewer than {blocks} of {width}")
+        if eval_directory is None:
+            k = max(2, round(1 / eval_fraction))
+            held = np.zeros(n, dtype=bool)
+            held[k - 1 :: k] = True
+            self.train, self.eval = _Rows(rows, np.flatnonzero(~held)), _Rows(rows, np.flatnonzero(held))
+        else:
+            _, held_tokens, held_n, held_rows = _rows(eval_directory, width)
+            if held_n < 1:
+                raise DataError(f"data.eval_path={eval_directory} holds {len(held_tokens)} tokens: fewer than one "
+                                f"block of {width}; prepare more held-out text")
+            self.train, self.eval = _Rows(rows, np.arange(n)), _Rows(held_rows, np.arange(held_n))
         self.meta = {**meta, "tail_tokens_dropped": int(len(tokens) - n * width), "train_blocks": len(self.train),
                      "eval_blocks": len(self.eval)}
         self.unigram_counts = np.load(directory / "unigram_counts.npy")

@@ -38,3 +38,26 @@ def test_a_file_bert_cannot_parse_is_refused_naming_the_row(run_zoo, tmp_path):
     assert run.returncode == 2 and len(lines) == 1, run.stderr[-2000:]
     assert "cannot read" in lines[0] and "JSON parse error" in lines[0] and "in row 1" in lines[0], lines[0]
     assert "Traceback" not in run.stderr and not run.run_dir.exists()
+
+
+def test_bert_trains_on_prepared_blocks_and_evaluates_on_a_held_out_file_of_its_own(run_zoo, tmp_path):
+    """data=prepared (a WordPiece tokenizer: documents end with [SEP]): the blocks are single
+    segments, all full, and data.eval_path's prepared file is the whole held-out split."""
+    from data_pipelines.corpus import pydoc_documents
+    from data_pipelines.prepare import prepare
+    from data_pipelines.tokenizer import train_bert_tokenizer
+
+    docs = pydoc_documents()
+    tok = train_bert_tokenizer(docs, 4096, "test-bert-prepared", str(tmp_path / "cache"))
+    for name, part in (("train", docs[:60]), ("held", docs[60:66])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part))
+        prepare("files", str(tmp_path / f"{name}.jsonl"), str(tok), tmp_path / name)
+    held_tokens = json.loads((tmp_path / "held" / "meta.json").read_text())["tokens"]
+    run = run_zoo("model=bert", "data=prepared", f"data.path={tmp_path / 'train'}",
+                  f"data.eval_path={tmp_path / 'held'}", "model.block_size=64", "trainer.max_steps=60",
+                  "trainer.global_batch_size=16", "optim.lr=2e-3", "optim.warmup_steps=3", "logger=none",
+                  "trainer.eval_batches=null", "trainer.micro_batch_size=8")
+    s = run.summary  # measured: masked accuracy 15.0% against the baseline's 9.4%
+    assert s["data"]["eval_samples"] == held_tokens // (64 - 2), s["data"]
+    assert s["eval_accuracy"] > s["baseline_accuracy"] > 0, s
+    assert s["padding_efficiency"] == 1.0

@@ -103,15 +103,28 @@ def _digit_images(n: int):
 
 
 def test_image_folder_source(run_zoo, tmp_path):
-    for i, (image, label) in enumerate(_digit_images(120)):
-        (tmp_path / str(label)).mkdir(exist_ok=True)
-        image.save(tmp_path / str(label) / f"{i}.png")
+    """A folder of class sub-directories; with data.eval_path a second one is the held-out
+    split (all of it evaluated), and a held-out class the training folder lacks is refused."""
     from data_pipelines.images import load_image_folder
+    from zoo.errors import DataError
 
-    splits = load_image_folder(str(tmp_path), 0.25, image_size=12)
+    for i, (image, label) in enumerate(_digit_images(160)):
+        root = tmp_path / ("images" if i < 120 else "held") / str(label)
+        root.mkdir(parents=True, exist_ok=True)
+        image.save(root / f"{i}.png")
+    images, held = tmp_path / "images", tmp_path / "held"
+    splits = load_image_folder(str(images), 0.25, image_size=12)
     assert splits.train_x.shape[1:] == (1, 12, 12) and len(splits.eval_y) == 30 and splits.classes[:2] == ["0", "1"]
-    run = run_zoo("model=cnn", "data=files", f"data.path={tmp_path}", *STEPS)
-    assert run.summary["eval_images"] == 2 * 2 and (run.run_dir / "classes.json").exists()
+    splits = load_image_folder(str(images), 0.25, image_size=12, eval_path=str(held))
+    assert len(splits.train_y) == 120 and splits.eval_x.shape == (40, 1, 12, 12)
+    (tmp_path / "odd" / "x").mkdir(parents=True)
+    _digit_images(1)[0][0].save(tmp_path / "odd" / "x" / "0.png")
+    with pytest.raises(DataError, match="has 1 class\\(es\\) the training data lacks \\(x\\)"):
+        load_image_folder(str(images), 0.25, eval_path=str(tmp_path / "odd"))
+    steps = [s for s in STEPS if not s.startswith("trainer.eval_batches=")]
+    run = run_zoo("model=cnn", "data=files", f"data.path={images}", f"data.eval_path={held}",
+                  "trainer.eval_batches=null", *steps)
+    assert run.summary["eval_images"] == 40 and (run.run_dir / "classes.json").exists()
 
 
 def test_hf_image_dataset_source(tmp_path):

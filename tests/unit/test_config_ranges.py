@@ -35,8 +35,16 @@ def test_every_numeric_key_has_a_range_and_nothing_else_does():
 
 def _docstrings() -> dict:
     """{section.key: the docstring under the key} from the schema's source."""
+    import dataclasses
+
     tree, out = ast.parse(inspect.getsource(schema)), {}
-    names = {cls.__name__: section for section, cls in {**SECTIONS, "trainer.early_stop": schema.EarlyStopConfig}.items()}
+    sections, todo = {}, list(SECTIONS.items())
+    while todo:  # nested sections too (trainer.early_stop, trainer.profile)
+        section, cls = todo.pop()
+        sections[section] = cls
+        todo += [(f"{section}.{f.name}", f.default_factory) for f in dataclasses.fields(cls)
+                 if dataclasses.is_dataclass(f.default_factory)]
+    names = {cls.__name__: section for section, cls in sections.items()}
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name in names:
             for a, b in zip(node.body, node.body[1:]):
@@ -97,6 +105,8 @@ OUTSIDE = {
     "optim.momentum": ("1.0", "must be in [0, 1) (SGD's momentum; 0: none)"),
     "trainer.early_stop.patience": ("-2", "must be >= 0 (0: never stop early)"),
     "trainer.early_stop.min_delta": ("-0.1", "must be >= 0"),
+    "trainer.profile.start": ("-1", "must be >= 0 (the first profiled step, counted from 1; 0: no profiling)"),
+    "trainer.profile.steps": ("0", "must be positive"),
     "trainer.sample_tokens": ("-1", "must be >= 0"),
     "trainer.max_nonfinite_steps": ("0", "must be positive"),
     "checkpoint.every": ("-5", "must be >= 0"),

@@ -46,29 +46,10 @@ def check_paths(cfg, spec) -> None:
             from data_pipelines.text_sources import expand_paths
 
             expand_paths(str(source.get("path") or ""))
-    if d.eval_path:
-        if spec.name not in ("gpt", "llama") or d.name == "prepared":
-            raise ConfigError(f"data.eval_path is read by model=gpt and model=llama on text sources (not by "
-                              f"model={spec.name}{' with data=prepared' if d.name == 'prepared' else ''} yet); "
-                              f"drop it to evaluate on a data.eval_fraction split")
-        if d.name != "hub" or _local(d.eval_path):
-            from data_pipelines.text_sources import expand_paths
-
-            if d.name != "hub":
-                from data_pipelines.text_sources import as_eval_path_error
-
-                try:
-                    expand_paths(d.eval_path)
-                except DataError as err:
-                    raise as_eval_path_error(err, d.eval_path) from None
-            elif not Path(d.eval_path).expanduser().exists():
-                raise ConfigError(f"data.eval_path={d.eval_path}: no such dataset directory")
+    if d.eval_path is not None:
+        _check_eval_path(d, spec)
     if d.name == "prepared" and d.path:
-        p = _directory("data.path", d.path, "the output directory of `python -m data_pipelines.prepare`")
-        missing = [name for name in ("meta.json", "tokenizer") if not (p / name).exists()]
-        if missing:
-            raise ConfigError(f"data.path={d.path} is not a prepared dataset (no {', '.join(missing)}); run "
-                              f"`python -m data_pipelines.prepare` into it, or use data=files for raw text")
+        _prepared("data.path", d.path)
     if d.tokenizer:  # read from its tokenizer.json: a Hub name is saved to a directory first
         p = _directory("data.tokenizer", d.tokenizer, "a directory with tokenizer.json (save_pretrained's output; "
                                                       "for a Hub tokenizer: AutoTokenizer.from_pretrained(name)"
@@ -82,6 +63,77 @@ def check_paths(cfg, spec) -> None:
             raise ConfigError(f"model.init_from={m.init_from} holds no *.safetensors weights (a pytorch_model.bin "
                               f"is not read: unpickling can run code); save the model with "
                               f"save_pretrained(safe_serialization=True)")
+    if cfg.trainer.profile.start and cfg.trainer.profile.dir:
+        _writable("trainer.profile.dir", cfg.trainer.profile.dir)
     if cfg.resume and cfg.resume != "auto" and not Path(cfg.resume).expanduser().exists():
         raise ConfigError(f"resume={cfg.resume}: no such checkpoint or run directory; give a checkpoint "
                           f"(RUN_DIR/checkpoints/step_N), a run directory, or resume=auto")
+
+
+def _prepared(key: str, path: str) -> Path:
+    p = _directory(key, path, "the output directory of `python -m data_pipelines.prepare`")
+    missing = [name for name in ("meta.json", "tokenizer") if not (p / name).exists()]
+    if missing:
+        raise ConfigError(f"{key}={path} is not a prepared dataset (no {', '.join(missing)}); run "
+                          f"`python -m data_pipelines.prepare` into it, or use data=files for raw text")
+    return p
+
+
+def _check_eval_path(d, spec) -> None:
+    """data.eval_path: a held-out source in the forms data.path takes for data.name."""
+    if not str(d.eval_path).strip():
+        raise ConfigError("data.eval_path is empty: give the held-out file, directory or glob (the forms of "
+                          "data.path), or drop the key to evaluate on a data.eval_fraction split")
+    if d.name == "digits":
+        raise ConfigError("data.eval_path: data=digits is built in and holds out data.eval_fraction of its images; "
+                          "a held-out source of its own needs data=files (an image folder) or data=hub")
+    if d.name == "prepared":
+        held = _prepared("data.eval_path", d.eval_path)
+        if d.path and (Path(d.path).expanduser() / "tokenizer").exists():
+            ours = (Path(d.path).expanduser() / "tokenizer" / "tokenizer.json")
+            theirs = held / "tokenizer" / "tokenizer.json"
+            if ours.exists() and theirs.exists() and ours.read_bytes() != theirs.read_bytes():
+                raise ConfigError(f"data.eval_path={d.eval_path} was prepared with another tokenizer than "
+                                  f"data.path={d.path}; prepare the held-out text with data.path's tokenizer "
+                                  f"(python -m data_pipelines.prepare ... --tokenizer {Path(d.path) / 'tokenizer'})")
+        return
+    if d.name == "hub" and not _local(d.eval_path):
+        return  # a Hub name: the ranks load it
+    if d.name == "hub":
+        if not Path(d.eval_path).expanduser().exists():
+            raise ConfigError(f"data.eval_path={d.eval_path}: no such dataset directory")
+        return
+    if spec.reads == "images":
+        from data_pipelines.images import find_image_folder
+
+        try:
+            find_image_folder(d.eval_path, "data.eval_path")
+        except DataError as err:
+            raise ConfigError(str(err)) from None
+        return
+    from data_pipelines.text_sources import as_eval_path_error, expand_paths
+
+    try:
+        expand_paths(d.eval_path)
+    except DataError as err:
+        raise as_eval_path_error(err, d.eval_path) from None
+
+
+def _writable(key: str, path: str) -> None:
+    """A directory this process can create files in, or ConfigError. What it had to create for
+    the test is removed again (the run makes it)."""
+    import tempfile
+
+    p = Path(path).expanduser().absolute()
+    made = [d for d in (p, *p.parents) if not d.exists()]
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".zoo-write-test-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{key}={path} is not a writable directory ({err.strerror or err}); give one this user "
+                          f"can write to, or drop the key for RUN_DIR/profile") from None
+    finally:
+        for d in made:  # innermost first
+            if d.exists():
+                d.rmdir()

@@ -96,6 +96,8 @@ RANGES = {
     "trainer.eval_every": Range(ge=0, hint="0: evaluate only at the end"),
     "trainer.early_stop.patience": Range(ge=0, hint="0: never stop early"),
     "trainer.early_stop.min_delta": Range(ge=0),
+    "trainer.profile.start": Range(ge=0, hint="the first profiled step, counted from 1; 0: no profiling"),
+    "trainer.profile.steps": POSITIVE,
     "trainer.sample_tokens": Range(ge=0, hint="0: no sample"),
     "trainer.max_nonfinite_steps": POSITIVE,
     "checkpoint.every": Range(ge=0, hint="0: only on request (signals)"),
@@ -136,6 +138,14 @@ def check_ranges(cfg) -> None:
     if t.eval_every and t.eval_batches == 0:
         raise ConfigError(f"trainer.eval_every={t.eval_every} with trainer.eval_batches=0 evaluates nothing: set "
                           f"trainer.eval_batches to a positive number (or null: the whole held-out split)")
+    p = t.profile
+    if p.start and p.start + p.steps - 1 > t.max_steps:
+        last = p.start + p.steps - 1
+        fix = (f"trainer.profile.start={max(1, t.max_steps - p.steps + 1)}" if p.steps <= t.max_steps
+               else f"trainer.profile.steps={t.max_steps}")
+        raise ConfigError(f"trainer.profile.start={p.start} with trainer.profile.steps={p.steps} profiles steps "
+                          f"{p.start}-{last}, beyond trainer.max_steps={t.max_steps}: set {fix}, or raise "
+                          f"trainer.max_steps to at least {last}")
     o = cfg.optim
     if o.min_lr > o.lr:
         raise ConfigError(f"optim.min_lr={o.min_lr:g} is above optim.lr={o.lr:g}: the cosine decay would raise the "

@@ -184,6 +184,24 @@ class EarlyStopConfig:
 
 
 @dataclass
+class ProfileConfig:
+    start: int = 0
+    """Profile steps start .. start + steps - 1 with torch.profiler on every rank (steps count
+    from 1; 0: no profiling). Traces, the time breakdown and the load balance go to
+    RUN_DIR/profile (zoo/observe/profile.py). Range: >= 0."""
+    steps: int = 3
+    """Steps in the profiled window. Range: positive."""
+    with_stack: bool = False
+    """Record the Python stack of every op (larger traces, more overhead)."""
+    memory: bool = False
+    """CUDA: record the allocator's history over the window and dump it to
+    RUN_DIR/profile/memory_rank{r}.pickle (pytorch.org/memory_viz), also on running out of
+    memory. Without CUDA a warning: the trace's memory view is what the CPU has."""
+    dir: Optional[str] = None
+    """Where the traces and summary.json go; None: RUN_DIR/profile."""
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 200
     """Optimizer steps to run. Range: >= 0."""
@@ -206,6 +224,7 @@ class TrainerConfig:
     eval_every: int = 0
     """Evaluate on the held-out split every this many steps (0: only at the end). Range: >= 0."""
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     sample_prompt: Optional[str] = None
     """The prompt of that sample; default: the first words of the first held-out document."""
     progress: bool = True

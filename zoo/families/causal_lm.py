@@ -55,7 +55,8 @@ class CausalLMTask(Task):
         self.init_state = None
         self.tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
         self.shape = self._shape()
-        self.blocks = PreparedBlocks(path, self.shape.block_size, cfg.data.eval_fraction)
+        held = Path(cfg.data.eval_path).expanduser() if cfg.data.eval_path else None
+        self.blocks = PreparedBlocks(path, self.shape.block_size, cfg.data.eval_fraction, eval_directory=held)
         self.data_counts = dict(self.blocks.meta.get("skipped", {}))
         if rank == 0 and not (run_dir / "tokenizer").exists():
             self.tokenizer.save_pretrained(str(run_dir / "tokenizer"))
@@ -140,7 +141,9 @@ class CausalLMTask(Task):
             **({} if eval_loss is None else {"eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf")}),
             "unigram_perplexity": self._unigram_perplexity(),
             # What reading and packing skipped or repaired, counted (nothing is dropped silently).
-            "data": {**self.data_counts, **{k: self.blocks.meta[k] for k in ("documents", "tokens", "tail_tokens_dropped")}}}
+            "data": {**self.data_counts, **{k: self.blocks.meta[k] for k in ("documents", "tokens", "tail_tokens_dropped",
+                                                                             "train_blocks", "eval_blocks")
+                                            if k in self.blocks.meta}}}
         n = self.cfg.trainer.sample_tokens
         if n > 0 and model is not None:
             prompt = self.sample_prompt()

@@ -49,6 +49,14 @@ def test_training_on_prepared_data_and_on_a_mixture(tmp_path, run_zoo):
     run = run_zoo("debug=fast", "data=prepared", f"data.path={tmp_path / 'prep'}", "trainer.max_steps=3",
                   "model.block_size=64")
     assert run.summary["steps"] == 3 and np.isfinite(run.summary["eval_loss"])
+    # data.eval_path: another prepared file, the same tokenizer; all of data.path is trained on
+    from data_pipelines.prepare import prepare
+
+    held = prepare("files", str(src), str(first.run_dir / "tokenizer"), tmp_path / "held")
+    own = run_zoo("debug=fast", "data=prepared", f"data.path={tmp_path / 'prep'}", "trainer.max_steps=2",
+                  "model.block_size=64", f"data.eval_path={tmp_path / 'held'}", "trainer.sample_tokens=0")
+    blocks = own.summary["data"]
+    assert blocks["eval_blocks"] == held["tokens"] // 65 and blocks["train_blocks"] == blocks["tokens"] // 65
     mixed = run_zoo("debug=fast", "trainer.max_steps=2", "trainer.sample_tokens=0",
                     f"data.mix=[{{name: files, path: '{src}', weight: 1}}, {{name: pydoc, weight: 2}}]")
     assert mixed.summary["data"]["documents"] > 79

@@ -1,6 +1,8 @@
 """The BERT task: masked-language modelling on sentence-pair samples of any text source
 (the embedded corpus, data=files, data=hub, data.mix): pairs where a document has several
-sentences, single segments otherwise; bad records refused or skipped and counted as for GPT."""
+sentences, single segments otherwise; bad records refused or skipped and counted as for GPT.
+data=prepared (a pre-tokenized file): its blocks as single segments. data.eval_path: a
+held-out source of its own, read as data.path is."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,14 +24,57 @@ class BertTask(AccuracyEvaluation, Task):
     family = "bert"
 
     def prepare(self, run_dir: Path, rank: int) -> None:
+        from data_pipelines.mlm import BucketedStream, MLMBatches
+
+        cfg = self.cfg
+        if cfg.data.name == "prepared":  # pre-tokenized, memory-mapped (python -m data_pipelines.prepare)
+            self._prepare_pretokenized(run_dir, rank)
+        else:
+            self._prepare_documents(run_dir, rank)
+        self.batches = MLMBatches(self.samples, self.tokenizer, seed=cfg.trainer.seed,
+                                  mlm_probability=cfg.data.mlm_probability)
+        self.train_lengths = self.samples.lengths[self.samples.train]
+        self.stream = BucketedStream(self.train_lengths, global_batch=cfg.trainer.global_batch_size,
+                                     seed=cfg.trainer.seed)
+        layout = self.layout
+        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
+
+    def _check_special_tokens(self, where: str) -> None:
+        missing = [k for k in ("mask_token", "pad_token", "cls_token", "sep_token") if getattr(self.tokenizer, k) is None]
+        if missing:
+            raise ConfigError(f"{where} has no {', '.join(missing)}; masked-LM training needs BERT's special tokens "
+                              f"(leave data.tokenizer null to train a WordPiece one; for data=prepared, prepare "
+                              f"with such a tokenizer, e.g. a BERT run's RUN_DIR/tokenizer)")
+
+    def _model_shape(self, meta):
+        cfg = self.cfg
+        return (BertShape(**meta, dropout=cfg.model.dropout, pad_token_id=self.tokenizer.pad_token_id) if meta
+                else shape_from_config(bert_shape, cfg.model, padded_vocab(len(self.tokenizer), cfg.model),
+                                       pad_token_id=self.tokenizer.pad_token_id))
+
+    def _prepare_pretokenized(self, run_dir: Path, rank: int) -> None:
+        """Single segments of the prepared blocks ([CLS] block [SEP]): no sentence pairs, since
+        the file keeps no sentence boundaries."""
         from transformers import AutoTokenizer
 
-        from data_pipelines.mlm import (
-            BucketedStream,
-            MLMBatches,
-            load_mlm_samples,
-            prepare_mlm_samples,
-        )
+        from data_pipelines.mlm import PackedMLMSamples
+
+        cfg, path = self.cfg, Path(self.cfg.data.path).expanduser()
+        self.init_state = None
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+        self._check_special_tokens(f"data.path={cfg.data.path}'s tokenizer")
+        self.shape = self._model_shape(None)
+        held = Path(cfg.data.eval_path).expanduser() if cfg.data.eval_path else None
+        self.samples = PackedMLMSamples(path, self.shape.block_size, cfg.data.eval_fraction, eval_directory=held,
+                                        cls_id=self.tokenizer.cls_token_id, sep_id=self.tokenizer.sep_token_id)
+        self.data_counts = dict(self.samples.blocks.meta.get("skipped", {}))
+        if rank == 0 and not (run_dir / "tokenizer").exists():
+            self.tokenizer.save_pretrained(str(run_dir / "tokenizer"))
+
+    def _prepare_documents(self, run_dir: Path, rank: int) -> None:
+        from transformers import AutoTokenizer
+
+        from data_pipelines.mlm import load_mlm_samples, prepare_mlm_samples
         from data_pipelines.text_sources import read_documents
         from data_pipelines.tokenizer import save_tokenizer, train_bert_tokenizer
 
@@ -43,30 +88,34 @@ class BertTask(AccuracyEvaluation, Task):
             meta, self.init_state = read_hf(cfg.model.init_from, "bert")
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
-        tok_dir = tok_dir or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key,
-                                                                 cfg.data.cache_dir))
+        tok_dir = tok_dir or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-        missing = [k for k in ("mask_token", "pad_token", "cls_token", "sep_token") if getattr(self.tokenizer, k) is None]
-        if missing:
-            raise ConfigError(f"data.tokenizer={tok_dir!r} has no {', '.join(missing)}; masked-LM training needs "
-                             f"BERT's special tokens (leave data.tokenizer null to train a WordPiece one)")
+        self._check_special_tokens(f"data.tokenizer={tok_dir!r}")
         block = meta["block_size"] if meta else shape_from_config(bert_shape, cfg.model).block_size
+        held = self._held_out_documents()
         entry = prepare_mlm_samples(docs, tok_dir, block_size=block,
                                     eval_fraction=cfg.data.eval_fraction, source_key=source_key,
-                                    cache_dir=cfg.data.cache_dir)
+                                    cache_dir=cfg.data.cache_dir, held_docs=held and held.texts,
+                                    held_key=held and held.key)
         if rank == 0:
             save_tokenizer(tok_dir, run_dir / "tokenizer")
         self.samples = load_mlm_samples(entry)
-        self.shape = (BertShape(**meta, dropout=cfg.model.dropout, pad_token_id=self.tokenizer.pad_token_id) if meta
-                      else shape_from_config(bert_shape, cfg.model, padded_vocab(len(self.tokenizer), cfg.model),
-                                             pad_token_id=self.tokenizer.pad_token_id))
-        self.batches = MLMBatches(self.samples, self.tokenizer, seed=cfg.trainer.seed,
-                                  mlm_probability=cfg.data.mlm_probability)
-        self.train_lengths = self.samples.lengths[self.samples.train]
-        self.stream = BucketedStream(self.train_lengths, global_batch=cfg.trainer.global_batch_size,
-                                     seed=cfg.trainer.seed)
-        layout = self.layout
-        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
+        self.shape = self._model_shape(meta)
+
+    def _held_out_documents(self):
+        """data.eval_path's documents (read as data.path is), or None."""
+        d = self.cfg.data
+        if not d.eval_path:
+            return None
+        from data_pipelines.text_sources import as_eval_path_error, read_source
+        from zoo.errors import DataError
+
+        try:
+            held = read_source("hub" if d.name == "hub" else "files", d.eval_path, d.text_column)
+        except DataError as err:
+            raise as_eval_path_error(err, d.eval_path) from None
+        self.data_counts.update({f"eval_{k}": v for k, v in held.counts.items()})
+        return held
 
     def build_options(self, grid) -> dict:
         # Batches are padded to their longest sample, except under pp x tp: DeepSpeed's
@@ -114,6 +163,14 @@ class BertTask(AccuracyEvaluation, Task):
         """The training samples' most frequent non-special token (the baseline's guess): counted
         once per run, not at every periodic evaluation."""
         if getattr(self, "_most_frequent", None) is None:
+            counts = getattr(self.samples, "unigram_counts", None)  # data=prepared: over the whole file
+            if counts is not None:
+                padded = np.zeros(self.shape.vocab_size, dtype=np.int64)
+                padded[:len(counts)] = counts
+                counts = padded
+                counts[self.tokenizer.all_special_ids] = 0
+                self._most_frequent = int(counts.argmax())
+                return self._most_frequent
             ids = np.asarray(self.samples.ids)
             counts = np.bincount(np.concatenate([ids[self.samples.offsets[i]:self.samples.offsets[i + 1]]
                                                  for i in self.samples.train]), minlength=self.shape.vocab_size)
@@ -141,6 +198,7 @@ class BertTask(AccuracyEvaluation, Task):
             out.update(eval_accuracy=correct / total, baseline_accuracy=baseline / total, eval_masked_tokens=total,
                        baseline_token=self.tokenizer.convert_ids_to_tokens(most_frequent))
         # What reading skipped or repaired, counted (nothing is dropped silently), and the samples made.
-        out["data"] = {**self.data_counts, **{k: self.samples.meta[k] for k in ("documents", "sentences", "samples")
+        out["data"] = {**self.data_counts, **{k: self.samples.meta[k] for k in ("documents", "sentences", "samples",
+                                                                              "eval_documents", "eval_samples")
                                               if k in getattr(self.samples, "meta", {})}}
         return out

@@ -21,9 +21,10 @@ def load_images(data):
     if data.name == "digits":
         return images.load_digits(data.eval_fraction)
     if data.name == "files":
-        return images.load_image_folder(data.path, data.eval_fraction, data.image_size)
+        return images.load_image_folder(data.path, data.eval_fraction, data.image_size, eval_path=data.eval_path)
     return images.load_hub_images(data.path, data.eval_fraction, image_column=data.image_column,
-                                  label_column=data.label_column, image_size=data.image_size)
+                                  label_column=data.label_column, image_size=data.image_size,
+                                  eval_path=data.eval_path)
 
 
 class CNNTask(AccuracyEvaluation, Task):
