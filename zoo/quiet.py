@@ -52,6 +52,33 @@ def held_stdout(verbose: bool):
         yield
 
 
+@contextlib.contextmanager
+def filtered_stderr(drop: tuple, verbose: bool):
+    """File descriptor 2 (C++ code's stderr too) goes to a temporary file while inside; on the
+    way out its lines go back to stderr, but those containing any of `drop` (unless verbose).
+    Nothing else is lost: an error inside is written back before it propagates."""
+    if verbose:
+        yield
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not any(d in line for d in drop):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
+
+
 VERBOSE_ENV = "ZOO_VERBOSE"  # set by the local launcher for its forkserver, which imports DeepSpeed first
 if __name__ != "__main__" and os.environ.get(VERBOSE_ENV) == "0":
     quiet_third_party(False, rank=0)

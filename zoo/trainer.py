@@ -5,6 +5,7 @@ Everything that differs between model families is the family's (`zoo.families`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -54,6 +55,13 @@ class Trainer:
         self.stopped_early = None  # the step early stopping ended the run at
         self.resumed_from = self._resume() if cfg.resume else None
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
+        self.profile = None
+        if cfg.trainer.profile.start:
+            from zoo.observe.profile import ProfileWindow
+
+            coords = {"tp": grid.get_slice_parallel_rank(), "pp": grid.get_pipe_parallel_rank(), "dp": self.dp_rank}
+            self.profile = ProfileWindow(cfg, run_dir, rank=self.rank, coords=coords, device=device,
+                                         comm=self.monitor.comm, engine=self.engine, pipelined=self.pipelined)
         self.loader = None
         tracker = open_tracker(cfg, layout, run_dir, self.rank, {
             "world_size": layout.world_size, "layout": layout.name, "micro_batch_size": self.micro_batch_size,
@@ -113,9 +121,14 @@ class Trainer:
                           grad_accum=self.grad_accum, dp_rank=self.dp_rank, dp_size=self.layout.dp,
                           num_workers=self.cfg.data.num_workers)
 
+    def mark(self, kind: str):
+        """A part of a step (forward, backward, optimizer, data) as a profiler range while a
+        trainer.profile window is open; nothing otherwise."""
+        return self.profile.mark(kind) if self.profile is not None else contextlib.nullcontext()
+
     def micro_batches(self):
         """This rank's micro-batches of the step at the current data position."""
-        with self.monitor.waiting_for_data():
+        with self.monitor.waiting_for_data(), self.mark("data"):
             return self.loader.get(self.consumed)
 
     def _dp_mean(self, value: torch.Tensor) -> float:
@@ -135,14 +148,60 @@ class Trainer:
         else:
             loss = torch.zeros((), device=self.device)
             for x, y in batches:
-                micro_loss = self.engine(x, y)
-                self.engine.backward(micro_loss)
-                self.engine.step()
+                with self.mark("forward"):
+                    micro_loss = self.engine(x, y)
+                with self.mark("backward"):
+                    self.engine.backward(micro_loss)
+                with self.mark("optimizer"):  # at the accumulation boundary: the step (else bookkeeping)
+                    self.engine.step()
                 loss += micro_loss.detach().float()
             loss /= self.grad_accum
         self.consumed += self.cfg.trainer.global_batch_size
         self.step += 1
         return loss
+
+    def _profiled_step(self) -> torch.Tensor:
+        try:
+            return self.train_step()
+        except torch.cuda.OutOfMemoryError:
+            snapshot = self.profile.dump_memory() if self.profile.open else None
+            self.profile.abort()
+            if snapshot is None:
+                raise
+            from zoo.errors import ZooError
+
+            raise ZooError(f"out of memory at step {self.step + 1} inside the trainer.profile window; the "
+                           f"allocator's history is in {snapshot} (open it at pytorch.org/memory_viz)") from None
+        except BaseException:
+            self.profile.abort()
+            raise
+
+    def _profile_window_end(self, step_s: float) -> None:
+        """Counts the step against the profiler's overhead, and at the window's last step
+        gathers every rank's breakdown to rank 0, which prints it and writes summary.json."""
+        window = self.profile
+        if not window.open and 1 < self.step < window.first:  # step 1 warms up
+            window.plain_step_s.append(step_s)
+        if self.step != window.last or not window.open:
+            return
+        with self.monitor.outside_step():  # the traces' writing is not the step's time
+            self._profile_report(window)
+
+    def _profile_report(self, window) -> None:
+        from zoo.observe.profile import gather_rows, profile_dir, summarize, table_lines
+
+        rows = gather_rows(window.finish(self.step))
+        if self.rank == 0:
+            import json
+
+            summary = summarize(rows, first=window.first, last=window.last,
+                                partition_method=self.cfg.parallel.partition_method)
+            out = profile_dir(self.cfg, self.run_dir)
+            (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            for line in table_lines(summary, where=str(out)):
+                self.log.write(line)
+            for line in summary["diagnoses"]:
+                self.log.write(f"zoo: diagnosis: {line}")
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -210,9 +269,16 @@ class Trainer:
         self.monitor.start_window()
         while self.step < t.max_steps:
             t0 = time.perf_counter()
-            local_loss = self.train_step()
-            train_time += time.perf_counter() - t0
+            if self.profile is None:
+                local_loss = self.train_step()
+            else:
+                with self.profile.step(self.step + 1):
+                    local_loss = self._profiled_step()
+            step_s = time.perf_counter() - t0
+            train_time += step_s
             window_steps += 1
+            if self.profile is not None:
+                self._profile_window_end(step_s)
             evaluated = (self.periodic_evaluation() if t.eval_every and self.step % t.eval_every == 0
                          and self.step < t.max_steps else None)  # the last step's is the final evaluation
             if self.step % t.log_every == 0 or self.step == t.max_steps:

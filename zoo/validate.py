@@ -69,6 +69,9 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
         raise ConfigError(f"parallel.sequence_parallel=true is implemented for model.family in "
                           f"{sorted(n for n, s in FAMILIES.items() if s.sequence_parallel)} only; model.family="
                           f"{m.family} has no sequence-parallel plan; set parallel.sequence_parallel=false")
+    if t.profile.start and t.profile.memory and not cuda_available:
+        warnings.append("trainer.profile.memory=true records CUDA's allocator and no GPU is visible: the window "
+                        "is profiled without it (the trace's memory view, profile_memory, is what the CPU has)")
     if not spec.generates_text and t.sample_tokens > 0:
         warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
                         f"generates no text")

@@ -27,6 +27,7 @@ class CommTimer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.counting = True
+        self.annotate = False  # a profiler window is open: each call is a `zoo.comm:NAME` range
         self._nested = threading.local()
         self._restore: list = []
         self.reset()
@@ -68,6 +69,9 @@ class CommTimer:
             self._nested.on = True
             start = self._mark()
             try:
+                if self.annotate:
+                    with torch.profiler.record_function(f"zoo.comm:{name}"):
+                        return fn(*args, **kwargs)
                 return fn(*args, **kwargs)
             finally:
                 self._nested.on = False

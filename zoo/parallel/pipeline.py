@@ -58,6 +58,28 @@ class StageLayer(nn.Module):
 
 
 class ZooPipelineModule(PipelineModule):
+    def layer_names(self) -> List[str]:
+        """Each pipeline layer by the classes of its parts (`Block`, `Embedding+Linear`): what
+        partition_method=type:REGEX matches (every spec's own class is StageLayer)."""
+        meta = self._layer_specs[0].module_args[0]
+        return ["+".join(type(meta.get_submodule(path)).__name__ for path in layer.paths)
+                for layer in meta.pipeline_layers()]
+
+    def _find_layer_type(self, layername):
+        import re
+
+        from zoo.errors import ConfigError
+
+        names = self.layer_names()
+        found = [i for i, name in enumerate(names) if re.search(layername, name, re.IGNORECASE)]
+        if not found:
+            kinds = list(dict.fromkeys(names))
+            common = max(kinds, key=names.count)  # the repeated layer (a transformer block)
+            raise ConfigError(f"parallel.partition_method=type:{layername} matches none of the pipeline's layers "
+                              f"({', '.join(kinds)}); give a regular expression that matches the ones to balance, "
+                              f"e.g. type:{common}")
+        return found
+
     def _count_layer_params(self):
         """The partitioner's weights, counted on the meta model (no layer is built)."""
         meta = self._layer_specs[0].module_args[0]
