@@ -60,6 +60,37 @@ def detect() -> LaunchEnv:
     return LaunchEnv("local", None)
 
 
+def ranks_per_node(env=None) -> Optional[int]:
+    """Ranks on each host as the launcher placed them: torchrun's LOCAL_WORLD_SIZE (its
+    --nproc-per-node), Slurm's SLURM_TASKS_PER_NODE (`4(x2)` or `4,2`: the smallest), the
+    deepspeed launcher's LOCAL_SIZE; None where the launcher does not say (a local run: one host)."""
+    env = os.environ if env is None else env
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    per_node = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
+    if per_node:
+        import re
+
+        counts = [int(n) for n in re.findall(r"(\d+)(?:\(x\d+\))?", per_node)]
+        return min(counts) if counts else None
+    return None
+
+
+def tp_placement_warning(tp: int, per_node: Optional[int]) -> Optional[str]:
+    """A warning when tensor-parallel groups (tp adjacent ranks) cannot all sit inside a host."""
+    if per_node is None or tp == 1:
+        return None
+    if tp > per_node:
+        return (f"parallel.tp={tp} is more than the {per_node} ranks per node the launcher placed: every "
+                f"tensor-parallel group spans hosts and its all-reduces cross the network; keep tp <= {per_node} "
+                f"(tensor parallel inside a node, pipeline across nodes)")
+    if per_node % tp:
+        return (f"parallel.tp={tp} does not divide the {per_node} ranks per node: some tensor-parallel groups "
+                f"span two hosts; use a tp that divides {per_node}")
+    return None
+
+
 def threads_per_rank(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 

@@ -86,6 +86,8 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     try:
         layout, warnings = resolve_layout(cfg, env.world_size)
         warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
+        placed = launch.tp_placement_warning(layout.tp, launch.ranks_per_node()) if env.world_size else None
+        warnings += [placed] if placed else []
     except ZooError as err:
         if cfg.verbose:
             raise

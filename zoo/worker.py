@@ -73,19 +73,21 @@ def agree_run_dir(proposed: str) -> Path:
     return Path(chosen[0])
 
 
-def show_topology(layout: Layout, rank: int, verbose: bool = False) -> str:
-    """The rank grid with each rank's host (collective; '' on ranks but 0). Rank 0 prints its
-    first line and the hosts (verbose: all of it); the whole grid goes to topology.txt."""
-    hosts = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
+def show_topology(layout: Layout, rank: int, device: torch.device, verbose: bool = False):
+    """The rank grid with each rank's host and device (collective; ('', [], []) on ranks but 0).
+    Rank 0 prints its first line and the hosts (verbose: all of it); the whole grid goes to
+    topology.txt. Returns (the grid's text, the hosts, the devices)."""
+    places = [None] * dist.get_world_size()
+    dist.all_gather_object(places, (socket.gethostname(), str(device)))
     if rank != 0:
-        return ""
-    text = describe_grid(layout, hosts)
+        return "", [], []
+    hosts, devices = [h for h, _ in places], [d for _, d in places]
+    text = describe_grid(layout, hosts, devices)
     distinct = sorted(set(hosts))
     shown = text if verbose else (f"{text.splitlines()[0]} on {len(distinct)} host(s) ({', '.join(distinct[:4])}"
                                   f"{', ...' if len(distinct) > 4 else ''}); the rank grid goes to topology.txt\n")
     print(shown, end="", flush=True)
-    return text
+    return text, hosts, devices
 
 
 def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.device, rank: int) -> None:
@@ -197,7 +199,7 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
            training: list) -> None:
     """Start and run the training; `training` gets an entry once the start is over."""
     rank = dist.get_rank()
-    topology = show_topology(layout, rank, cfg.verbose)
+    topology, hosts, devices = show_topology(layout, rank, device, cfg.verbose)
     from zoo.quiet import held_stdout
 
     with held_stdout(cfg.verbose):  # DeepSpeed's `Using topology: ...`
@@ -236,6 +238,10 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
 
         (run_path / "config.yaml").write_text(to_yaml(with_model_shape(cfg, task.shape)))
         (run_path / "topology.txt").write_text(topology)
+        if layout.world_size > 1:  # the same grid as a picture
+            from zoo.observe.topology_picture import draw_topology
+
+            draw_topology(layout, hosts, devices, run_path / "topology.png")
     training.append(True)
     try:
         trainer.fit()

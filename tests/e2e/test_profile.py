@@ -49,6 +49,10 @@ def test_tensor_parallel_all_reduce_agrees_with_the_monitor(run_zoo):
                                            "other comm")) / row["step_ms"]
         assert share == pytest.approx(sum(comm) / len(comm), abs=0.06), (share, comm)
         assert row["ms"]["all-reduce"] > 0.2 * row["step_ms"]  # tp's activations, forward and backward
+    # the rank grid with each rank's device, and its picture (a multi-rank run writes one)
+    grid = (run.run_dir / "topology.txt").read_text()
+    assert "rank  dp  pp  tp  host  device" in grid and grid.splitlines()[3].endswith("  cpu")
+    assert (run.run_dir / "topology.png").stat().st_size > 1000 and "topology.png (its picture)" in run.stdout
 
 
 def test_a_data_parallel_runs_gradient_all_reduce_shows(run_zoo):

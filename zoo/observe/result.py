@@ -37,7 +37,7 @@ def _metric(s: Dict[str, Any]) -> str:
 def _contents(run_dir: Path) -> str:
     known = [("model.safetensors", "weights"), ("checkpoints", "checkpoints"), ("metrics.jsonl", "metrics"),
              ("summary.json", "summary"), ("config.yaml", "config"), ("topology.txt", "rank grid"),
-             ("tokenizer", "tokenizer"), ("wandb", "wandb files")]
+             ("topology.png", "its picture"), ("profile", "profiler traces"), ("tokenizer", "tokenizer"), ("wandb", "wandb files")]
     have = [f"{name}{'/' if (run_dir / name).is_dir() else ''} ({what})" for name, what in known
             if (run_dir / name).exists()]
     return ", ".join(have) or "nothing"

@@ -76,18 +76,23 @@ def compress_hosts(names) -> str:
     return ",".join(out)
 
 
-def describe_grid(layout: Layout, hosts: Sequence[str]) -> str:
-    """The device topology diagram: each rank's coordinates and host, then every group."""
+def describe_grid(layout: Layout, hosts: Sequence[str], devices: Sequence[str] = ()) -> str:
+    """The device topology diagram: each rank's coordinates, host and device, then every group
+    (a group whose ranks sit on more than one host is marked)."""
     topo = build_topology(layout)
     lines: List[str] = [f"layout {layout.name}: world {layout.world_size} = "
                         f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp}",
-                        "rank  dp  pp  tp  host"]
+                        "rank  dp  pp  tp  host" + ("  device" if devices else "")]
     for rank in range(layout.world_size):
         c = topo.get_coord(rank)
-        lines.append(f"{rank:>4}  {c.data:>2}  {c.pipe:>2}  {c.model:>2}  {hosts[rank] if rank < len(hosts) else '?'}")
+        host = hosts[rank] if rank < len(hosts) else "?"
+        device = f"  {devices[rank]}" if rank < len(devices) else ""
+        lines.append(f"{rank:>4}  {c.data:>2}  {c.pipe:>2}  {c.model:>2}  {host}{device}")
     for kind, groups in group_lists(topo).items():
         for g in groups:
-            lines.append(f"{kind} group: {list(g)}  hosts {compress_hosts(hosts[r] for r in g if r < len(hosts))}")
+            on = {hosts[r] for r in g if r < len(hosts)}
+            crosses = "  (crosses hosts)" if len(on) > 1 else ""
+            lines.append(f"{kind} group: {list(g)}  hosts {compress_hosts(on)}{crosses}")
     return "\n".join(lines) + "\n"
 
 

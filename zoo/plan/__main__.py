@@ -3,7 +3,8 @@
 Composes `conf/plan.yaml` (the training config's model, precision and trainer sections,
 a cluster preset from `conf/cluster/`, and `plan`), estimates every layout the cluster
 allows and prints the recommendation with its reasons and topology, or with
-plan.format=json only a JSON object. Nothing is written to disk.
+plan.format=json only a JSON object. Nothing is written to disk, but the picture of the
+recommended layout's topology where `plan.topology=FILE.png` asks for it.
 
     python -m zoo.plan model.size=small cluster=dgx-a100 trainer.global_batch_size=512
     python -m zoo.plan model.size=gpt3-175b cluster=dgx-a100 cluster.nodes=128 trainer.global_batch_size=1536
@@ -32,7 +33,28 @@ def run(cfg: PlanRunConfig) -> str:
     from zoo.plan.search import make_plan
 
     plan = make_plan(cfg)
-    return render_json(plan) if cfg.plan.format == "json" else render_text(plan)
+    out = render_json(plan) if cfg.plan.format == "json" else render_text(plan)
+    if cfg.plan.topology and plan.candidates:
+        out += draw_recommended(plan, cfg.plan.topology, quiet=cfg.plan.format == "json")
+    return out
+
+
+def draw_recommended(plan, path: str, quiet: bool) -> str:
+    """plan.topology: the recommended layout's picture; one line saying where (not in JSON)."""
+    from pathlib import Path
+
+    from zoo.observe.topology_picture import draw_topology
+
+    lay, per_node = plan.candidates[0].layout, plan.cluster.gpus_per_node
+    hosts = [f"node{r // per_node}" for r in range(lay.world_size)]
+    target = Path(path).expanduser()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        drawing = draw_topology(lay.grid, hosts, [f"cuda:{r % per_node}" for r in range(lay.world_size)], target)
+    except OSError as err:
+        raise ValueError(f"plan.topology={path}: cannot write it ({err.strerror or err}); give a writable path") from None
+    notes = "".join(f"\n  note: {n}" for n in drawing["notes"])
+    return "" if quiet else f"\nTopology picture: {target}{notes}\n"
 
 
 @hydra.main(version_base=None, config_path="../../conf", config_name="plan")

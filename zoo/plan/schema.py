@@ -84,6 +84,9 @@ class PlanConfig:
     """The text output's full topology diagram (every rank and group); default: a summary."""
     diagram_ranks: int = 64
     """The text output's topology diagram lists at most this many ranks and groups of each kind."""
+    topology: Optional[str] = None
+    """Also draw the recommended layout's device topology into this PNG file (hosts node0,
+    node1, ... of cluster.gpus_per_node GPUs each, as Slurm would place the ranks)."""
 
 
 @dataclass
