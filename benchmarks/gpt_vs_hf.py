@@ -1,8 +1,9 @@
-"""GPT training throughput: zoo (our GPT through the DeepSpeed engine, the path
-`python -m zoo.train` takes) against Hugging Face's GPT2LMHeadModel with a plain torch
-loop, same dimensions, batch, AdamW, dtype and thread count, in one run.
+"""Training throughput: zoo's GPT (or Llama) through the DeepSpeed engine, the path
+`python -m zoo.train` takes, against transformers' GPT2LMHeadModel (or LlamaForCausalLM)
+with a plain torch loop, same dimensions, batch, AdamW, dtype and thread count, in one run.
 
     python benchmarks/gpt_vs_hf.py [--layers 4 --embd 256 --heads 4 --block 256 --batch 8 --steps 20]
+    python benchmarks/gpt_vs_hf.py --family llama [--kv-heads 2 --inter 704]   # GQA, SwiGLU, RoPE
 
 Prints tokens/s of both and the ratio zoo / HF (target >= 1.0: the engine adds no overhead).
 """
@@ -49,14 +50,15 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--family", choices=["gpt", "llama"], default="gpt")
+    p.add_argument("--kv-heads", type=int, default=2, help="llama: grouped-query attention's key/value heads")
+    p.add_argument("--inter", type=int, default=704, help="llama: the SwiGLU MLP's intermediate size")
     a = p.parse_args()
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import deepspeed
-    from transformers import GPT2Config, GPT2LMHeadModel
 
     from zoo.build import build_model
     from zoo.engine import param_groups
-    from zoo.models.gpt import gpt_shape
 
     deepspeed.init_distributed("gloo")
     threads = torch.get_num_threads()
@@ -65,7 +67,8 @@ def main() -> None:
     x = torch.randint(0, a.vocab, (a.batch, a.block), generator=g)
     y = torch.randint(0, a.vocab, (a.batch, a.block), generator=g)
 
-    shape = gpt_shape("tiny", a.vocab, n_layer=a.layers, n_head=a.heads, n_embd=a.embd, block_size=a.block)
+    shape, hf, name = models(a)
+    hf = hf.to(dtype)
     model = build_model(shape, seed=0, device=torch.device("cpu"))
     ds = {"train_batch_size": a.batch, "train_micro_batch_size_per_gpu": a.batch, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1, "torch_adam": True}},
@@ -77,9 +80,6 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
 
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=a.vocab, n_positions=a.block, n_embd=a.embd, n_layer=a.layers,
-                                    n_head=a.heads, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
-                                    attn_implementation="sdpa")).to(dtype)
     opt = torch.optim.AdamW(param_groups(hf, 0.1), lr=1e-4)
 
     def hf_step():
@@ -91,11 +91,37 @@ def main() -> None:
 
     hf_s, zoo_s = interleaved(hf_step, zoo_step, a.steps)
     hf_tps, zoo_tps = a.batch * a.block / hf_s, a.batch * a.block / zoo_s
-    print(f"GPT L={a.layers} C={a.embd} H={a.heads} T={a.block} V={a.vocab}, batch {a.batch}, {a.dtype}, "
-          f"{threads} threads, median of 5 alternating rounds over {a.steps} steps each")
-    print(f"huggingface GPT2LMHeadModel + torch AdamW: {hf_tps:,.0f} tokens/s")
-    print(f"zoo GPT + DeepSpeed engine:               {zoo_tps:,.0f} tokens/s")
+    extra = f" KV={a.kv_heads} FFN={a.inter}" if a.family == "llama" else ""
+    print(f"{a.family} L={a.layers} C={a.embd} H={a.heads}{extra} T={a.block} V={a.vocab}, batch {a.batch}, "
+          f"{a.dtype}, {threads} threads, median of 5 alternating rounds over {a.steps} steps each")
+    print(f"huggingface {name} + torch AdamW: {hf_tps:,.0f} tokens/s")
+    print(f"zoo {a.family} + DeepSpeed engine: {zoo_tps:,.0f} tokens/s")
     print(f"ratio zoo / huggingface: {zoo_tps / hf_tps:.3f}")
+
+
+def models(a):
+    """(zoo's shape, transformers' model, its class name) of the same dimensions."""
+    if a.family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from zoo.models.llama import llama_shape
+
+        shape = llama_shape("tiny", a.vocab, n_layer=a.layers, n_head=a.heads, n_kv_head=a.kv_heads, n_embd=a.embd,
+                            intermediate_size=a.inter, block_size=a.block)
+        hf = LlamaForCausalLM(LlamaConfig(vocab_size=a.vocab, hidden_size=a.embd, intermediate_size=a.inter,
+                                          num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                          num_key_value_heads=a.kv_heads, max_position_embeddings=a.block,
+                                          tie_word_embeddings=False, attn_implementation="sdpa"))
+        return shape, hf, "LlamaForCausalLM"
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from zoo.models.gpt import gpt_shape
+
+    shape = gpt_shape("tiny", a.vocab, n_layer=a.layers, n_head=a.heads, n_embd=a.embd, block_size=a.block)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=a.vocab, n_positions=a.block, n_embd=a.embd, n_layer=a.layers,
+                                    n_head=a.heads, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
+                                    attn_implementation="sdpa"))
+    return shape, hf, "GPT2LMHeadModel"
 
 
 if __name__ == "__main__":

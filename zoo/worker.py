@@ -120,10 +120,6 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     init_distributed(cfg)
     try:
         _run(cfg, cfg_yaml, run_dir, device)
-    except RuntimeError as err:
-        if _peer_lost(err):  # let the launcher see the rank that died first: it is the one to report
-            time.sleep(PEER_LOST_GRACE_S)
-        raise
     except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (verbose=true: the traceback)
         if cfg.verbose:
             raise
@@ -131,6 +127,14 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
         if dist.get_rank() == 0 or err.rank_local:
             print(f"zoo: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(USER_ERROR_EXIT_CODE) from None
+    except Exception as err:
+        lost = _peer_lost(err) or _timed_out(err)
+        if lost:  # let the launcher see the rank that died first: it is the one to report
+            time.sleep(PEER_LOST_GRACE_S)
+        if os.environ.get("ZOO_LOCAL_WORKER") or cfg.verbose:
+            raise  # zoo's local launcher names the first failing rank itself
+        report_failure(err, lost)
+        raise SystemExit(1) from None
     finally:  # on every way out: an error, a refusal, a signal
         leave_process_group()
 
@@ -142,6 +146,30 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Read err
 def _peer_lost(err: BaseException) -> bool:
     """A collective failed because another rank went away (gloo's words for it)."""
     return any(text in str(err) for text in _PEER_LOST)
+
+
+def _timed_out(err: BaseException) -> bool:
+    """A collective waited parallel.timeout_s for a rank that did not come (it hangs)."""
+    text = str(err)
+    return "Timed out" in text or "timed out" in text or type(err).__name__ == "DistBackendError" and "timeout" in text
+
+
+def report_failure(err: BaseException, lost: bool) -> None:
+    """Under torchrun, srun or the deepspeed launcher (each rank prints for itself): a rank
+    that saw a peer vanish or hang says so in one line; a rank that failed on its own prints
+    its traceback, then one line naming it, its host, the exit code and the error."""
+    import socket
+    import traceback
+
+    rank, host = os.environ.get("RANK", "?"), socket.gethostname()
+    last = (str(err).strip().splitlines() or [""])[-1][:300]
+    if lost:
+        why = "a peer rank went away" if _peer_lost(err) else "a peer rank did not answer within parallel.timeout_s"
+        print(f"zoo: rank {rank} on {host}: {why} ({type(err).__name__}: {last}); stopping (exit code 1): the rank "
+              f"that failed first reports why", file=sys.stderr, flush=True)
+        return
+    traceback.print_exception(err)
+    print(f"zoo: rank {rank} on {host} failed (exit code 1): {type(err).__name__}: {last}", file=sys.stderr, flush=True)
 
 
 def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None:

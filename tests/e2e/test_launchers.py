@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
+
 FAST = ["debug=fast", "trainer.progress=false"]
 
 
@@ -41,3 +43,37 @@ def test_deepspeed_launcher(run_zoo, tmp_path, flags):
     run = run_zoo(cmd=[str(launcher), "--num_gpus", "2", *flags, "--module", "zoo.train", "parallel=zero2",
                        f"hydra.run.dir={run_dir}", *FAST], run_dir=run_dir)
     assert (run.summary["world_size"], run.summary["zero_stage"]) == (2, 2)
+
+
+def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_traceback(tmp_path, zoo_cache):
+    """torchrun names the rank that died (its root-cause report); the rank that lost its peer
+    says so in one line and exits 1, without a traceback."""
+    import os
+    import signal
+    import subprocess
+
+    import psutil
+
+    from tests.e2e.test_failures import FAST as FAILURE_FAST
+    from tests.e2e.test_failures import wait_for_training
+
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "WANDB_MODE": "disabled"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
+                             f"hydra.run.dir={run_dir}", "parallel=zero1", "trainer.max_steps=100000",
+                             *FAILURE_FAST], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for_training(run_dir, proc)
+    ranks = sorted((c for c in psutil.Process(proc.pid).children() if "zoo.train" in " ".join(c.cmdline())),
+                   key=lambda c: int(c.environ().get("RANK", -1)))
+    assert len(ranks) == 2
+    ranks[1].send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "/zoo/" not in err, err[-3000:]  # no traceback of a rank (torchrun's agent prints its own)
+    peer = [line for line in err.splitlines() if line.startswith("zoo: rank 0 on ")]
+    assert len(peer) == 1 and "a peer rank went away" in peer[0] and "exit code 1" in peer[0], err[-3000:]
+    root = err.split("Root Cause (first observed failure):", 1)[1]  # torchrun's report of the first failure
+    assert "rank      : 1" in root and "SIGKILL" in root, err[-3000:]
