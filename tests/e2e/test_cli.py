@@ -126,7 +126,7 @@ PATH_CASES = [
     (["resume={d}/nope"], "resume={d}/nope: no such checkpoint or run directory"),
     (["data.eval_path={d}/nope.jsonl"], "data.eval_path={d}/nope.jsonl: no such file or directory"),
     (["data.eval_path={d}/empty"], "data.eval_path={d}/empty matches no file with a suffix among"),
-    (["model=bert", "data.eval_path={d}/blob.dat"], "data.eval_path is read by model=gpt and model=llama"),
+    (["model=cnn", "data.eval_path={d}/empty"], "data.eval_path: data=digits is built in and holds out"),
     (["data.eval_path="], "data.eval_path is empty: give the held-out file, directory or glob"),
 ]
 
