@@ -46,7 +46,13 @@ srun_ranks() {
          "${OMP_NUM_THREADS} threads each, master ${MASTER_ADDR}; overrides: ${overrides[*]}"
 
     # Since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch: pass it on.
-    srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$OMP_NUM_THREADS" \
+    # --wait: a hung rank (stopped, deadlocked) would keep srun waiting to the time limit after
+    # the others timed out (parallel.timeout_s) and exited; srun ends the tasks still running
+    # ZOO_SRUN_WAIT seconds after the first one exits. The ranks of a run that ends well leave
+    # together (a barrier after rank 0's last writes), and a requeue's exit 75 comes from all of
+    # them at once, so neither is cut short. (--kill-on-bad-exit would end the others at the
+    # first exit 75 too, and srun would then not return 75: no requeue.)
+    srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$OMP_NUM_THREADS" --wait="${ZOO_SRUN_WAIT:-60}" \
         "$python" -m zoo.train "${overrides[@]}" &
     srun_pid=$!
     # bash runs a trap only between commands, so srun runs in the background and we wait.

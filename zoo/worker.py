@@ -276,3 +276,6 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
         dist.barrier()
     finally:  # also when a signal stops the run
         trainer.close()
+    # Every rank leaves together, after rank 0's last writes and its tracker's close: srun
+    # ends the tasks still running a while after the first one exits (slurm/srun_ranks.sh).
+    dist.barrier()

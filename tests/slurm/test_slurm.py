@@ -236,3 +236,41 @@ def test_warned_gpt_run_checkpoints_requeues_and_matches_uninterrupted_run(slurm
     assert _losses(job.run_dir) == _losses(reference.run_dir)
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["final_loss"] == reference_summary["final_loss"]
+
+
+def _job_processes(job: Job) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.environ().get("SLURM_JOB_ID") == job.id and "zoo.train" in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait(slurm, tmp_path):
+    """kill -STOP of one rank: the others time out (parallel.timeout_s) and say so in one line
+    each; srun ends the stopped one ZOO_SRUN_WAIT seconds after the first exit (Slurm's
+    KillWait later with SIGKILL); the job fails and leaves no process."""
+    import signal
+
+    timeout_s, wait_s = 20, 10
+    job = slurm.submit(tmp_path, [*TINY_GPT[1:], "trainer.max_steps=100000", f"parallel.timeout_s={timeout_s}"],
+                       env={"ZOO_SRUN_WAIT": str(wait_s)})
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "step 2", job)
+    victim = [p for p in _job_processes(job) if p.environ().get("SLURM_PROCID") == "3"]
+    assert victim, "rank 3's process was not found"
+    victim[0].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    info = slurm.wait(job, timeout_s=timeout_s + wait_s + 90)
+    took = time.monotonic() - t0
+    assert info["JobState"] in ("FAILED", "CANCELLED"), (info["JobState"], job.log[-3000:])
+    assert took < timeout_s + 60, took
+    time.sleep(2)
+    assert not _job_processes(job), "processes of the job are left"
+    lost = [line for line in job.log.splitlines() if "a peer rank did not answer within parallel.timeout_s" in line]
+    assert lost and "/zoo/" not in job.log, job.log[-3000:]
