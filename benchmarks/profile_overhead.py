@@ -3,7 +3,7 @@ the profiler existed (a git worktree of BASELINE), (b) this code with the profil
 (c) this code with a profiled window; interleaved rounds, the median step time over the
 steps outside the first two (warm-up) and outside the window, and the window's own steps.
 
-    python benchmarks/profile_overhead.py [--rounds 3] [--baseline REV] [--layout parallel=zero1]
+    python benchmarks/profile_overhead.py [--rounds 6] [--baseline REV] [--layout parallel=zero1]
 
 BASELINE defaults to the commit before zoo/observe/profile.py was added. Run on an idle machine.
 """
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS, START, WINDOW = 14, 5, 3
+STEPS, START, WINDOW = 14, 5, 3  # rounds: a multiple of 3 (the order rotates)
 COMMON = ["debug=fast", "logger=none", "trainer.sample_tokens=0", f"trainer.max_steps={STEPS}", "trainer.log_every=1",
           "optim.warmup_steps=1", "trainer.global_batch_size=8", "trainer.eval_batches=1"]
 
@@ -43,7 +43,7 @@ def step_times(code: Path, layout: str, extra: list, root: Path, cache: str) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--layout", default="parallel=zero1")
     a = ap.parse_args()
@@ -60,8 +60,10 @@ def main() -> None:
             plain = {name: [] for name in runs}
             profiled = []
             step_times(REPO, a.layout, [], root, cache)  # warm the data cache
-            for _ in range(a.rounds):
-                for name, (code, extra) in runs.items():
+            names = list(runs)
+            for r in range(a.rounds):
+                for name in names[r % 3:] + names[:r % 3]:  # each takes each place in a round as often
+                    code, extra = runs[name]
                     t = step_times(code, a.layout, extra, root, cache)
                     plain[name] += [s for k, s in t.items() if k > 2 and k not in window]
                     if extra:

@@ -11,6 +11,7 @@ sequence parallelism.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -92,13 +93,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
+@functools.lru_cache(maxsize=16)
+def _rope_tables(T: int, d: int, theta: float, device: torch.device, dtype: torch.dtype) -> tuple:
+    """cos and sin, (T, head_dim), of positions 0..T-1: computed once per length, not per layer."""
+    with torch.no_grad():
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+        freqs = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple:
     """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1."""
-    T, d = q.shape[-2], q.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d))
-    freqs = torch.outer(torch.arange(T, device=q.device, dtype=torch.float32), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)  # (T, head_dim)
+    cos, sin = _rope_tables(q.shape[-2], q.shape[-1], float(theta), q.device, q.dtype)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
