@@ -111,7 +111,7 @@ def draw_topology(layout: Layout, hosts: Sequence[str], devices: Sequence[str], 
     ax.set_aspect("equal")
     ax.axis("off")
     title = (f"{layout.name}: world {layout.world_size} = tp {layout.tp} x pp {layout.pp} x dp {layout.dp} "
-             f"on {len(d['hosts'])} host(s); device labels: rank, device, (tp, pp, dp)")
+             f"on {len(d['hosts'])} host(s)\ndevice labels: rank, device, (tp, pp, dp)")
     ax.set_title(title, fontsize=10)
     for i, note in enumerate(d["notes"]):
         ax.text(-1.5, -height - 0.1 - 0.45 * i, "note: " + note, fontsize=8, color="red", va="top")
