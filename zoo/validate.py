@@ -150,6 +150,10 @@ def _check_data(cfg: Config, spec) -> None:
                 "hub": "a Hugging Face dataset name or a local dataset directory",
                 "prepared": "the output directory of `python -m data_pipelines.prepare`"}[d.name]
         _require(bool(d.path), f"data.name={d.name} needs data.path: {what}")
+    _require(not (d.name == "prepared" and cfg.model.init_from),
+             f"model.init_from={cfg.model.init_from} with data=prepared: a prepared file trains zoo's own "
+             f"initialisation only (an import's weights and tokenizer are read on text sources); give the text as "
+             f"data=files or data=hub with model.init_from, or drop model.init_from")
     if d.mix:
         _require(spec.mixes_data, f"data.mix mixes text sources for the families that read several "
                                   f"({sorted(n for n, s in FAMILIES.items() if s.mixes_data)}); "

@@ -54,3 +54,10 @@ def test_a_held_out_prepared_file_must_be_one_made_with_the_same_tokenizer(tmp_p
         _check(*common, f"data.eval_path={other}")
     same = _prepared(tmp_path / "same", '{"model": "a"}')
     _check(*common, f"data.eval_path={same}")
+
+
+def test_an_import_on_prepared_data_is_refused_instead_of_ignored():
+    from tests.unit.test_config import check
+
+    with pytest.raises(ConfigError, match="model.init_from=/m with data=prepared: a prepared file trains zoo's own"):
+        check(composed("data=prepared", "data.path=/p", "model.init_from=/m"))
