@@ -26,6 +26,6 @@ def test_a_tp_pp_run_prints_only_zoos_lines_and_ends_with_its_result(trained_3d)
     assert block[1].startswith("zoo: run: 3 steps, ")
     assert block[2] == (f"zoo: run directory {trained_3d.run_dir}: model.safetensors (weights), checkpoints/ "
                         f"(checkpoints), metrics.jsonl (metrics), summary.json (summary), config.yaml (config), "
-                        f"topology.txt (rank grid), tokenizer/ (tokenizer)")
+                        f"topology.txt (rank grid), topology.png (its picture), tokenizer/ (tokenizer)")
     assert block[3] == f"zoo: next: python -m zoo.export {trained_3d.run_dir} {trained_3d.run_dir}/hf"
     assert len(block) == 6 and "resume=auto" in block[-1], "\n".join(block)
