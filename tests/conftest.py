@@ -38,6 +38,10 @@ SLOW = {
     "tests/e2e/test_launchers.py::test_deepspeed_launcher[no-local-rank]": "the README's line stays",
     "tests/slurm/test_slurm.py::test_warned_gpt_run_checkpoints_requeues_and_matches_uninterrupted_run": "the "
     "requeue of a stand-in job and the 4-rank GPT run under srun stay",
+    "tests/e2e/test_profile.py::test_a_data_parallel_runs_gradient_all_reduce_shows": "the tp run's all-reduce "
+    "and the unit breakdown stay",
+    "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[zero3]": "llama zero1 and GPT's "
+    "zero3 stay",
     "tests/slurm/test_slurm.py::test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait": "waits out a "
     "collective timeout and srun's --wait (90 s); the requeue tests run every job through the same srun line",
     "tests/e2e/test_families.py::test_bert_3d_matches_single_process": "BERT's tp and pp exactness and GPT's 3d stay",
