@@ -116,6 +116,12 @@ def test_profile_settings_that_cannot_work_are_refused_with_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"trainer.profile.dir=.*/file/traces is not a writable directory"):
         _writable("trainer.profile.dir", str(tmp_path / "file" / "traces"))
     _writable("trainer.profile.dir", str(tmp_path / "new" / "traces"))
+    from zoo.config.paths import check_paths
+    from zoo.families import family
+
+    empty = _cfg("trainer.profile.start=2", "trainer.profile.dir=")
+    with pytest.raises(ConfigError, match="trainer.profile.dir is empty: give a directory for the traces"):
+        check_paths(empty, family(empty.model.family))
     assert not (tmp_path / "new").exists()  # what the check made, it removed again
 
 

@@ -63,7 +63,10 @@ def check_paths(cfg, spec) -> None:
             raise ConfigError(f"model.init_from={m.init_from} holds no *.safetensors weights (a pytorch_model.bin "
                               f"is not read: unpickling can run code); save the model with "
                               f"save_pretrained(safe_serialization=True)")
-    if cfg.trainer.profile.start and cfg.trainer.profile.dir:
+    if cfg.trainer.profile.start and cfg.trainer.profile.dir is not None:
+        if not cfg.trainer.profile.dir.strip():
+            raise ConfigError("trainer.profile.dir is empty: give a directory for the traces, or drop the key for "
+                              "RUN_DIR/profile")
         _writable("trainer.profile.dir", cfg.trainer.profile.dir)
     if cfg.resume and cfg.resume != "auto" and not Path(cfg.resume).expanduser().exists():
         raise ConfigError(f"resume={cfg.resume}: no such checkpoint or run directory; give a checkpoint "
