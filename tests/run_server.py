@@ -24,10 +24,10 @@ def _preload() -> None:
     import deepspeed  # noqa: F401
     import deepspeed.runtime.engine  # noqa: F401
     import deepspeed.runtime.pipe.engine  # noqa: F401
-    import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401
     import matplotlib  # noqa: F401  (rank 0 of a multi-rank run draws topology.png: ~1.1 s of imports)
     import matplotlib.pyplot  # noqa: F401
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
     import transformers  # noqa: F401
 
     import zoo.families  # noqa: F401

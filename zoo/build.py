@@ -37,17 +37,18 @@ def materialise(module: nn.Module, shape, *, seed: int, device: torch.device, tp
     Its parameter names must be the full model's (e.g. `h.3.attn.c_attn.weight`)."""
     spec = _family(shape)
     std_of = spec.init_std(shape, module)
-    parallelize(module, plan=spec.tp_plan, tp_group=tp_group, dp_group=dp_group,
+    plan = spec.plan(shape)
+    parallelize(module, plan=plan, tp_group=tp_group, dp_group=dp_group,
                 sequence_parallel=sequence_parallel, device=device)
     module.to_empty(device=device)
-    if spec.tp_plan is not None:
-        tie_parameters(module, spec.tp_plan)  # materialising untied them
+    if plan is not None:
+        tie_parameters(module, plan)  # materialising untied them
     init_parameters(module, seed, std_of)
     for m in module.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()  # buffers: to_empty left them uninitialised
     if sequence_parallel and tp_group is not None:
-        sum_sequence_parallel_norm_grads(module, tp_group, norms=spec.tp_plan.sequence_parallel_norms)
+        sum_sequence_parallel_norm_grads(module, tp_group, norms=plan.sequence_parallel_norms)
 
 
 def build_model(shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,

@@ -92,3 +92,31 @@ def test_bert_import_into_pp_then_export_again(run_zoo, tmp_path):
     again = export(imported.run_dir / "checkpoints" / "step_0000000", tmp_path / "bert_again")
     a, b = load_file(str(original / "model.safetensors")), load_file(str(again / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_a_vocabulary_tp_cannot_split_is_padded_inside_and_exported_as_it_was(run_zoo, tmp_path, kind):
+    """A transformers model of 4097 tokens (odd: tp=2 cannot split its rows) imports under tp=2
+    without padding by hand (zoo pads it to 4224 and masks the pad), trains 2 steps and exports
+    with 4097 tokens again; transformers' loss of the export equals zoo's on the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.unit.models.test_vocab_padding import save_hf
+    from zoo.families import family
+
+    save_hf(kind, tmp_path / "original", vocab=4097)
+    run = run_zoo(*FAST, f"model={kind}", "parallel=tp", "trainer.micro_batch_size=4", "trainer.max_steps=2",
+                  "checkpoint.every=2", f"model.init_from={tmp_path / 'original'}", run_dir=tmp_path / "run")
+    meta = json.loads((run.run_dir / "checkpoints" / "step_0000002" / "state.json").read_text())["shape"]
+    assert (meta["vocab_size"], meta["vocab_real"], run.summary["tp"]) == (4224, 4097, 2)
+    out = export(run.run_dir, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 4097
+    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    spec = family(kind)
+    ours = spec.model(spec.shape_type(**meta)).eval()
+    from zoo.checkpoint.weights import load_plain
+
+    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))
+    ids = torch.randint(0, 4097, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids[:, :-1], ids[:, 1:]), hf(ids, labels=ids).loss, rtol=1e-5, atol=1e-5)

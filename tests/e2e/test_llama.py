@@ -84,3 +84,43 @@ def test_trained_under_3d_and_exported_transformers_gives_zoos_logits(run_zoo, t
     ids = torch.randint(0, meta["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(_hf_logits(out, ids), ours(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def random_hf_tied_mqa(tmp_path_factory):
+    """A LlamaForCausalLM as SmolLM builds it (tied embeddings), with one key/value head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("hf_llama_tied") / "model"
+    config = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128,
+                         tie_word_embeddings=True)
+    torch.manual_seed(1)
+    LlamaForCausalLM(config).save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def test_a_tied_multi_query_import_trains_under_tp_x_pp_as_one_process_and_exports_tied(run_zoo, random_hf_tied_mqa,
+                                                                                        tmp_path):
+    """tp=2 cannot split the one key/value head (replicated, validation says so); the tied head
+    lives on the last stage with its own copy of the embedding. 10 steps equal one process's,
+    and the export stays tied: transformers gives zoo's logits."""
+    from zoo.checkpoint.weights import load_plain
+    from zoo.models.llama import LlamaForCausalLM, LlamaShape
+
+    init = f"model.init_from={random_hf_tied_mqa}"
+    ref = run_zoo(*STEPS, "parallel=ddp", "trainer.micro_batch_size=4", init, run_dir=tmp_path / "ref")
+    run = run_zoo(*STEPS, "parallel=3d", "parallel.dp=1", init, "checkpoint.every=10", run_dir=tmp_path / "run")
+    assert (run.summary["tp"], run.summary["pp"]) == (2, 2)
+    assert "does not divide model.n_kv_head=1: every rank holds all 1 key/value heads' projections" in run.stderr
+    torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-4, atol=0)
+    out = export(run.run_dir, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["tie_word_embeddings"], config["num_key_value_heads"]) == (True, 1)
+    assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
+    meta = json.loads((run.run_dir / "checkpoints" / "step_0000010" / "state.json").read_text())["shape"]
+    ours = LlamaForCausalLM(LlamaShape(**meta)).eval()
+    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))
+    ids = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(_hf_logits(out, ids), ours(ids), rtol=1e-4, atol=1e-4)

@@ -4,8 +4,9 @@
 
 Reads the layout-free weights (a run's model.safetensors or a checkpoint's stage files),
 whatever layout wrote them, and writes `config.json`, `model.safetensors` and the
-tokenizer, loadable with `GPT2LMHeadModel.from_pretrained(OUT_DIR)` (GPT) or
-`BertForMaskedLM.from_pretrained(OUT_DIR)` (BERT).
+tokenizer, loadable with `GPT2LMHeadModel.from_pretrained(OUT_DIR)` (GPT),
+`LlamaForCausalLM` (Llama) or `BertForMaskedLM` (BERT). An imported model's vocabulary
+padding (zoo.checkpoint.hf.read_hf) is stripped: the export has its original vocabulary.
 """
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def export(src: Path, out: Path) -> Path:
 
         tok = AutoTokenizer.from_pretrained(str(tokenizer))
         special = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    from zoo.checkpoint.hf import strip_vocab_padding
+
+    meta, state = strip_vocab_padding(spec, meta, state)
     config, hf_state = spec.hf.to_hf(state, meta, **special)
     from safetensors.torch import save_file
 

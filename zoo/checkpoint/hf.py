@@ -29,15 +29,44 @@ def family_of_hf(directory: str | Path):
     raise ConfigError(f"model.init_from={directory}: model_type {model_type!r} is not supported; the zoo imports {known}")
 
 
-def hf_meta(directory: str | Path):
-    """(family spec, model shape fields) from a transformers directory's config.json alone."""
+def padded_meta(spec, meta: dict, multiple: int) -> dict:
+    """The shape fields with the vocabulary padded up to `multiple` (model.vocab_pad_multiple,
+    which every tensor-parallel size divides), `vocab_real` keeping the model's own count; the
+    fields as they are where the family pads nothing or the vocabulary is a multiple already."""
+    vocab = meta["vocab_size"]
+    if not spec.hf.vocab_rows or vocab % multiple == 0:
+        return meta
+    return {**meta, "vocab_size": -(-vocab // multiple) * multiple, "vocab_real": vocab}
+
+
+def hf_meta(directory: str | Path, pad_multiple: int | None = None):
+    """(family spec, model shape fields) from a transformers directory's config.json alone;
+    with `pad_multiple`, the vocabulary as the import pads it."""
     spec = family_of_hf(directory)
-    return spec, spec.hf.meta_from_config(json.loads((Path(directory) / "config.json").read_text()))
+    meta = spec.hf.meta_from_config(json.loads((Path(directory) / "config.json").read_text()))
+    return spec, padded_meta(spec, meta, pad_multiple) if pad_multiple else meta
 
 
-def read_hf(directory: str | Path, family: str) -> Tuple[dict, State]:
-    """(model shape fields, plain state) of a local transformers directory holding a `family` model."""
+def read_hf(directory: str | Path, family: str, pad_multiple: int | None = None) -> Tuple[dict, State]:
+    """(model shape fields, plain state) of a local transformers directory holding a `family`
+    model; with `pad_multiple`, its per-token tensors padded with zero rows (padded_meta)."""
     spec, _ = hf_meta(directory)
     if spec.name != family:
         raise ConfigError(f"model.init_from={directory} holds a {spec.name} model, not a {family}")
-    return spec.hf.from_hf(Path(directory))
+    meta, state = spec.hf.from_hf(Path(directory))
+    padded = padded_meta(spec, meta, pad_multiple) if pad_multiple else meta
+    extra = padded["vocab_size"] - meta["vocab_size"]
+    if extra:
+        state = {k: (torch.cat([v, v.new_zeros(extra, *v.shape[1:])]) if k in spec.hf.vocab_rows else v)
+                 for k, v in state.items()}
+    return padded, state
+
+
+def strip_vocab_padding(spec, meta: dict, state: State) -> Tuple[dict, State]:
+    """What an export writes: the imported model's own vocabulary, the pad rows of its
+    per-token tensors dropped (the inverse of read_hf's padding)."""
+    real = meta.get("vocab_real")
+    meta = {k: v for k, v in meta.items() if k != "vocab_real"}
+    if real is None or spec.hf is None:
+        return meta, state
+    return {**meta, "vocab_size": real}, {k: (v[:real] if k in spec.hf.vocab_rows else v) for k, v in state.items()}

@@ -34,6 +34,9 @@ class ModelConfig:
     """Llama: the SwiGLU MLP's width. None: the preset's. Range: positive."""
     rope_theta: Optional[float] = None
     """Llama: the rotary embeddings' base. None: the preset's. Range: positive."""
+    tie_embeddings: Optional[bool] = None
+    """Llama: the LM head shares the token embedding's weight (as SmolLM). None: the preset's
+    (untied but for smollm-135m). GPT and BERT always tie theirs."""
     ffn_mult: int = 4
     """FFN width as a multiple of the hidden size. Range: positive."""
     block_size: Optional[int] = None

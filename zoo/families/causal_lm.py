@@ -76,7 +76,7 @@ class CausalLMTask(Task):
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.checkpoint.hf import read_hf
 
-            meta, self.init_state = read_hf(cfg.model.init_from, cfg.model.family)
+            meta, self.init_state = read_hf(cfg.model.init_from, cfg.model.family, cfg.model.vocab_pad_multiple)
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
@@ -106,6 +106,14 @@ class CausalLMTask(Task):
                                        meta=self.blocks.meta)
             self.data_counts.update({f"eval_{k}": v for k, v in held.counts.items()})
         self.shape = self._shape(meta)
+        if meta is not None:
+            own = meta.get("vocab_real") or meta["vocab_size"]
+            if len(self.tokenizer) > own:
+                from zoo.errors import ConfigError
+
+                raise ConfigError(f"the tokenizer has {len(self.tokenizer)} tokens and model.init_from="
+                                  f"{cfg.model.init_from} a vocabulary of {own}; give data.tokenizer= (or "
+                                  f"data.vocab_size=) of at most {own} tokens, or the model's own tokenizer")
 
     def model_meta(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self.shape).items() if k != "dropout"}

@@ -27,6 +27,11 @@ class HFConverter:
     """(plain state, shape fields, eos_token_id=, pad_token_id=) -> (transformers config, HF state)."""
     from_hf: Callable[[Path], Tuple[dict, dict]]
     """A transformers directory -> (shape fields, plain state)."""
+    vocab_rows: Tuple[str, ...] = ()
+    """The plain state's tensors with one row per token (embedding, untied head). With
+    these named, an import whose vocabulary the tensor-parallel split cannot divide is padded
+    (zero rows, their logits masked: shape field `vocab_real`) and an export strips the pad;
+    without, the vocabulary must divide as it is."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ class FamilySpec:
     """task -> (training FLOPs of one sample, how they were counted), for MFU."""
     tp_plan: Optional[Any] = None
     """Its `zoo.parallel.plans.TPPlan`; None: tensor parallelism is refused."""
+    tp_plan_of: Optional[Callable[[Any], Any]] = None
+    """shape -> the plan for that shape, where it depends on it (Llama: tied embeddings and
+    grouped-query heads); None: `tp_plan` for every shape."""
     hf: Optional[HFConverter] = None
     """Import (`model.init_from`) and `zoo.export`; None: neither."""
     mixes_data: bool = False
@@ -68,6 +76,10 @@ class FamilySpec:
     """Samples text at the end (`trainer.sample_tokens`)."""
     planner: Optional[Callable[[Any, int], Any]] = None
     """(model config, tokenizer vocabulary) -> `zoo.plan.families.ModelDesc`; None: not planned."""
+
+    def plan(self, shape):
+        """The tensor-parallel plan that splits a model of `shape`."""
+        return self.tp_plan_of(shape) if self.tp_plan_of is not None else self.tp_plan
 
     @property
     def sequence_parallel(self) -> bool:

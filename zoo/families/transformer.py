@@ -3,6 +3,7 @@ validation (dimensions and their tensor-parallel splits, those of an imported mo
 model.init_from) and their model FLOPs."""
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional, Tuple
 
 from zoo.config.schema import Config, ModelConfig
@@ -11,6 +12,8 @@ from zoo.parallel.topology import Layout
 
 # Used for checks before the tokenizer is known; any multiple of the pad size.
 PLACEHOLDER_VOCAB = 128
+# ModelConfig keys only the Llama family reads.
+LLAMA_KEYS = ("n_kv_head", "intermediate_size", "rope_theta", "tie_embeddings")
 
 
 def padded_vocab(tokenizer_len: int, cfg: ModelConfig) -> int:
@@ -46,7 +49,7 @@ def imported_dims(spec, m: ModelConfig):
     from zoo.checkpoint.hf import hf_meta
 
     try:
-        found, meta = hf_meta(m.init_from)
+        found, meta = hf_meta(m.init_from, m.vocab_pad_multiple)
     except KeyError as err:
         raise ConfigError(f"model.init_from={m.init_from}: its config.json has no {err}") from None
     _require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
@@ -63,6 +66,11 @@ def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) ->
         raise
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    fields = {f.name for f in dataclasses.fields(spec.shape_type)}
+    for key in LLAMA_KEYS:  # set for a family that has no such dimension: refused, not ignored
+        if getattr(m, key) is not None and key not in fields:
+            raise ConfigError(f"model.{key}={getattr(m, key)}: model.family={m.family} has no such setting (a Llama "
+                              f"key{'; its embeddings are always tied' if key == 'tie_embeddings' else ''}); remove it")
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         _require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
     _require(dims.n_embd % dims.n_head == 0,
@@ -76,9 +84,12 @@ def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) ->
         if m.init_from:
             _require(dims.vocab_size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide the vocabulary of model.init_from={m.init_from} "
-                     f"({dims.vocab_size} tokens), which the embedding splits by rows; choose tp among "
-                     f"{[d for d in range(1, 65) if dims.vocab_size % d == 0]}, or pad the model's vocabulary "
-                     f"first (transformers: resize_token_embeddings(n, pad_to_multiple_of={128 * layout.tp}))")
+                     f"({dims.vocab_size} tokens), which the embedding splits by rows; "
+                     + (f"zoo pads an imported vocabulary to a multiple of model.vocab_pad_multiple="
+                        f"{m.vocab_pad_multiple}: set it to a multiple of {layout.tp} (e.g. 128)" if spec.hf.vocab_rows
+                        else f"choose tp among {[d for d in range(1, 65) if dims.vocab_size % d == 0]}, or pad the "
+                        f"model's vocabulary first (transformers: resize_token_embeddings(n, "
+                        f"pad_to_multiple_of={128 * layout.tp}))"))
         elif m.vocab_size is None:
             _require(m.vocab_pad_multiple % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide model.vocab_pad_multiple ({m.vocab_pad_multiple}), "

@@ -13,6 +13,29 @@ from zoo.models.losses import cross_entropy_per_token, masked_mean
 from zoo.models.stages import run_layers
 
 
+class HeadLogits:
+    """The output head's layer: `root.lm_head(x)`, (B, T, V) logits, vocab-sharded under
+    tensor parallelism. With `vocab_real` (an imported vocabulary padded for the split) the
+    pad tokens' logits are the dtype's lowest value: softmax, loss and sampling never see
+    them, and their rows get no gradient. A finite value, not -inf, so a shard of pad alone
+    stays finite in the vocab-parallel max."""
+
+    def __init__(self, vocab_real: Optional[int] = None):
+        self.vocab_real = vocab_real
+
+    def __call__(self, root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        head = root.lm_head
+        logits = head(x)
+        if self.vocab_real is None:
+            return logits
+        width = logits.shape[-1]
+        start = 0 if getattr(head, "gather_output", True) else getattr(head, "output_start", 0)
+        if start + width <= self.vocab_real:
+            return logits
+        pad = torch.arange(start, start + width, device=logits.device) >= self.vocab_real
+        return logits.masked_fill(pad, torch.finfo(logits.dtype).min)
+
+
 class CausalLM(nn.Module):
     """`forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss over the
     positions whose target is not -100. Subclasses build their modules and list them."""

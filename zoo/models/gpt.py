@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zoo.models.causal_lm import CausalLM
+from zoo.models.causal_lm import CausalLM, HeadLogits
 from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_embd, block_size)
@@ -51,6 +51,8 @@ class GPTShape:
     vocab_size: int
     ffn_mult: int = 4
     dropout: float = 0.0
+    vocab_real: Optional[int] = None
+    """The tokens of an imported vocabulary that `vocab_size` pads (their logits only count)."""
 
     @property
     def ffn_dim(self) -> int:
@@ -116,10 +118,6 @@ class Embeddings(nn.Module):
         return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
 
 
-def _logits(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return root.lm_head(x)  # (B, T, V): vocab-sharded under tensor parallelism
-
-
 class GPT(CausalLM):
     """GPT-2. `forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss."""
 
@@ -138,7 +136,7 @@ class GPT(CausalLM):
         return [PipeLayer(("embed",), **tie),
                 *(PipeLayer((f"h.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
                 PipeLayer(("ln_f",)),
-                PipeLayer(("embed.wte", "lm_head"), run=_logits, **tie)]
+                PipeLayer(("embed.wte", "lm_head"), run=HeadLogits(self.shape.vocab_real), **tie)]
 
 
 def gpt_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,

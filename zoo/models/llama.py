@@ -19,19 +19,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zoo.models.causal_lm import CausalLM
+from zoo.models.causal_lm import CausalLM, HeadLogits
 from zoo.models.stages import PipeLayer
 
-# name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta), from each
+# name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta, tied), from each
 # model's published config.json: HuggingFaceTB/SmolLM-135M, TinyLlama/TinyLlama-1.1B (v1.0),
 # meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B, meta-llama/Llama-2-70b-hf.
 LLAMA_SIZES = {
-    "tiny": (4, 4, 2, 128, 352, 128, 10000.0),
-    "smollm-135m": (30, 9, 3, 576, 1536, 2048, 10000.0),
-    "tinyllama-1.1b": (22, 32, 4, 2048, 5632, 2048, 10000.0),
-    "llama2-7b": (32, 32, 32, 4096, 11008, 4096, 10000.0),
-    "llama3-8b": (32, 32, 8, 4096, 14336, 8192, 500000.0),
-    "llama2-70b": (80, 64, 8, 8192, 28672, 4096, 10000.0),
+    "tiny": (4, 4, 2, 128, 352, 128, 10000.0, False),
+    "smollm-135m": (30, 9, 3, 576, 1536, 2048, 10000.0, True),
+    "tinyllama-1.1b": (22, 32, 4, 2048, 5632, 2048, 10000.0, False),
+    "llama2-7b": (32, 32, 32, 4096, 11008, 4096, 10000.0, False),
+    "llama3-8b": (32, 32, 8, 4096, 14336, 8192, 500000.0, False),
+    "llama2-70b": (80, 64, 8, 8192, 28672, 4096, 10000.0, False),
 }
 RMS_NORM_EPS = 1e-5
 
@@ -49,6 +49,10 @@ class LlamaShape:
     vocab_size: int
     rope_theta: float = 10000.0
     rms_norm_eps: float = RMS_NORM_EPS
+    vocab_real: Optional[int] = None
+    """The tokens of an imported vocabulary that `vocab_size` pads (their logits only count)."""
+    tie_embeddings: bool = False
+    """The LM head is the token embedding (SmolLM; Llama itself is untied)."""
 
     @property
     def head_dim(self) -> int:
@@ -62,14 +66,16 @@ class LlamaShape:
 def llama_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,
                 n_kv_head: Optional[int] = None, n_embd: Optional[int] = None,
                 intermediate_size: Optional[int] = None, block_size: Optional[int] = None,
-                rope_theta: Optional[float] = None, **_ignored) -> LlamaShape:
+                rope_theta: Optional[float] = None, tie_embeddings: Optional[bool] = None,
+                **_ignored) -> LlamaShape:
     if size not in LLAMA_SIZES:
         raise ValueError(f"model.size={size!r} is not a Llama size; choose one of {sorted(LLAMA_SIZES)}")
-    L, H, K, C, inter, T, theta = LLAMA_SIZES[size]
+    L, H, K, C, inter, T, theta, tied = LLAMA_SIZES[size]
     pick = lambda override, preset: preset if override is None else override  # noqa: E731
     return LlamaShape(n_layer=pick(n_layer, L), n_head=pick(n_head, H), n_kv_head=pick(n_kv_head, K),
                       n_embd=pick(n_embd, C), intermediate_size=pick(intermediate_size, inter),
-                      block_size=pick(block_size, T), vocab_size=vocab_size, rope_theta=pick(rope_theta, theta))
+                      block_size=pick(block_size, T), vocab_size=vocab_size, rope_theta=pick(rope_theta, theta),
+                      tie_embeddings=pick(tie_embeddings, tied))
 
 
 def llama_init_std(name: str, shape: LlamaShape) -> Optional[float]:
@@ -126,7 +132,12 @@ class LlamaAttention(nn.Module):
         # (B, heads_local, T, hs): under TP each rank holds whole query heads and their kv heads
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         q, k = apply_rope(q, k, self.theta)
-        k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
+        replicated = getattr(self.k_proj, "query_to_kv", None)  # tp does not divide the kv heads
+        if replicated is None:
+            k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
+        else:
+            index = torch.tensor(replicated, device=k.device)
+            k, v = (t.index_select(1, index) for t in (k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -173,13 +184,20 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError(f"n_head={shape.n_head} is not a multiple of n_kv_head={shape.n_kv_head}")
         super().__init__(shape)
         self.model = LlamaModel(shape)
-        self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)  # untied
+        self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
+        if shape.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def pipeline_layers(self) -> List[PipeLayer]:
-        """The forward in order: token embeddings, decoder layers, final RMSNorm, the output head."""
-        return [PipeLayer(("model.embed_tokens",)),
+        """The forward in order: token embeddings, decoder layers, final RMSNorm, the output head
+        (tied: it holds the embedding too, and under pp the last stage its own copy)."""
+        tied = self.shape.tie_embeddings
+        tie = dict(tie="embed_tokens", tied_weight="model.embed_tokens.weight") if tied else {}
+        return [PipeLayer(("model.embed_tokens",), **tie),
                 *(PipeLayer((f"model.layers.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
-                PipeLayer(("model.norm",)), PipeLayer(("lm_head",))]
+                PipeLayer(("model.norm",)),
+                PipeLayer(("model.embed_tokens", "lm_head") if tied else ("lm_head",),
+                          run=HeadLogits(self.shape.vocab_real), **tie)]
 
 
 def llama_flops_per_token(shape: LlamaShape, params: int, seq_len: int) -> float:

@@ -61,6 +61,8 @@ class ColumnParallelLinear(nn.Module):
         what = f"out_features {out_features}" + (f" in {chunks} chunks of {per_chunk}" if chunks > 1 else "")
         _check_divisible("ColumnParallelLinear", what, per_chunk, self.tp)
         self.in_features, self.out_features, self.chunks = in_features, out_features, chunks
+        # The first output feature this rank computes (unfused): where its vocabulary shard of a head starts.
+        self.output_start = group_rank(tp_group) * (per_chunk // self.tp) if chunks == 1 else None
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
         factory = {"device": device, "dtype": dtype}
         spec = ShardSpec(dim=0, rank=group_rank(tp_group), world=self.tp, chunks=chunks)
@@ -90,6 +92,42 @@ class ColumnParallelLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp}, "
                 f"chunks={self.chunks}, gather_output={self.gather_output}, "
                 f"sequence_parallel={self.sequence_parallel}, bias={self.bias is not None}")
+
+
+class ReplicatedHeadsLinear(nn.Module):
+    """A key or value projection whose heads the tp group cannot split (tp does not divide
+    `n_kv_head`): every rank holds the whole weight, the same on every rank, and computes only
+    the heads its own query heads use. The input is taken as ColumnParallelLinear takes it
+    (replicated, or sequence-sharded and gathered); the weight passes through
+    `copy_to_tp_region`, so its gradient, each rank's heads' part, is summed over the group and
+    stays the same on every rank. `query_to_kv[i]`: which of this rank's heads local query
+    head i attends with (LlamaAttention reads it)."""
+
+    def __init__(self, in_features: int, out_features: int, tp_group, *, n_head: int, n_kv_head: int,
+                 sequence_parallel: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.tp_group, self.tp = tp_group, group_size(tp_group)
+        _check_divisible("ReplicatedHeadsLinear", f"n_head {n_head}", n_head, self.tp)
+        head_dim, per_rank, groups = out_features // n_kv_head, n_head // self.tp, n_head // n_kv_head
+        first_query = group_rank(tp_group) * per_rank
+        first, last = first_query // groups, (first_query + per_rank - 1) // groups
+        self.rows = (first * head_dim, (last + 1) * head_dim)
+        self.query_to_kv = tuple((first_query + i) // groups - first for i in range(per_rank))
+        self.in_features, self.out_features, self.sequence_parallel = in_features, out_features, sequence_parallel
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            x = gather_from_sequence_parallel_region(x, self.tp_group)
+        else:
+            x = copy_to_tp_region(x, self.tp_group)
+        weight = copy_to_tp_region(self.weight, self.tp_group)  # the gradient: summed over the group
+        return F.linear(x, weight[self.rows[0]:self.rows[1]])
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp}, "
+                f"rows={self.rows}, replicated")
 
 
 class RowParallelLinear(nn.Module):

@@ -5,7 +5,9 @@ pattern, style), the parameters tied across the swap and what sequence paralleli
 splits a Linear's outputs, `column_qkv` splits a fused [q; k; v] projection so each rank
 holds whole heads, `row` splits a Linear's inputs and all-reduces its output, `vocab`
 splits an embedding's rows, and `head` is the output layer tied to the vocab-parallel
-embedding (its logits stay vocab-sharded and go into the vocab-parallel loss). Attention
+embedding (its logits stay vocab-sharded and go into the vocab-parallel loss). A
+`KVHeads` style is a grouped-query key or value projection: split like `column` when tp
+divides its heads, else replicated on every rank (`ReplicatedHeadsLinear`). Attention
 is split by heads, the MLP by columns then rows: two all-reduces per layer in forward and
 two in backward.
 """
@@ -22,15 +24,27 @@ import torch.nn as nn
 from zoo.parallel.cross_entropy import vocab_parallel_cross_entropy
 from zoo.parallel.layers import (
     ColumnParallelLinear,
+    ReplicatedHeadsLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
 )
 from zoo.parallel.mappings import (
+    group_size,
     reduce_from_tp_region,
     scatter_to_sequence_parallel_region,
 )
 
 Plan = Sequence[Tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class KVHeads:
+    """The style of a grouped-query key or value projection of `n_kv_head` heads serving
+    `n_head` query heads."""
+
+    n_head: int
+    n_kv_head: int
+
 
 @dataclass(frozen=True)
 class TPPlan:
@@ -48,7 +62,14 @@ class TPPlan:
     """Replicated modules that see a sequence shard under sequence parallelism."""
 
 
-def _replacement(module: nn.Module, style: str, tp_group, sequence_parallel: bool, device) -> nn.Module:
+def _replacement(module: nn.Module, style, tp_group, sequence_parallel: bool, device) -> nn.Module:
+    if isinstance(style, KVHeads):
+        if style.n_kv_head % group_size(tp_group) == 0:
+            style = "column"
+        else:
+            return ReplicatedHeadsLinear(module.in_features, module.out_features, tp_group, n_head=style.n_head,
+                                         n_kv_head=style.n_kv_head, sequence_parallel=sequence_parallel,
+                                         device=device)
     if style == "vocab":
         return VocabParallelEmbedding(module.num_embeddings, module.embedding_dim, tp_group, device=device)
     if style in ("column", "column_qkv", "head"):

@@ -55,7 +55,7 @@ def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_s
     if model.init_from:  # the imported model's dimensions (validation has read its config.json)
         from zoo.checkpoint.hf import hf_meta
 
-        _, meta = hf_meta(model.init_from)
+        _, meta = hf_meta(model.init_from, model.vocab_pad_multiple)  # padded as the import pads it
         keys = {f.name for f in dataclasses.fields(model)}
         model, vocab_size = dataclasses.replace(model, **{k: v for k, v in meta.items() if k in keys}), meta["vocab_size"]
     fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,

@@ -21,14 +21,16 @@ def _hf_twin(shape):
     config = LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.n_embd, intermediate_size=shape.intermediate_size,
                          num_hidden_layers=shape.n_layer, num_attention_heads=shape.n_head,
                          num_key_value_heads=shape.n_kv_head, max_position_embeddings=shape.block_size,
-                         rope_theta=shape.rope_theta, rms_norm_eps=shape.rms_norm_eps, tie_word_embeddings=False,
+                         rope_theta=shape.rope_theta, rms_norm_eps=shape.rms_norm_eps,
+                         tie_word_embeddings=shape.tie_embeddings,
                          attn_implementation="eager")
     torch.manual_seed(0)
     return HFLlama(config).eval()
 
 
-def test_logits_equal_transformers_llama_with_grouped_query_attention():
-    shape = llama_shape("tiny", 512, n_layer=2)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_logits_equal_transformers_llama_with_grouped_query_attention(tied):
+    shape = llama_shape("tiny", 512, n_layer=2, tie_embeddings=tied)
     assert (shape.n_head, shape.n_kv_head) == (4, 2)
     hf = _hf_twin(shape)
     ours = LlamaForCausalLM(shape).eval()
@@ -61,3 +63,18 @@ def _equivalence(rank, world, sequence_parallel):
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_llama_tp2_matches_tp1(sequence_parallel):
     run_ranks(2, _equivalence, sequence_parallel)
+
+
+def _variant(rank, world, dims, sequence_parallel):
+    check_tp_equivalence(llama_shape("tiny", 256, n_layer=2, block_size=16, **dims), sequence_parallel)
+
+
+@pytest.mark.parametrize("dims, sequence_parallel", [
+    (dict(n_kv_head=1), False),  # multi-query: both ranks hold the one key/value head
+    (dict(n_head=6, n_kv_head=3, n_embd=96), True),  # rank 0's queries use kv heads 0, 0, 1; rank 1's 1, 2, 2
+    (dict(tie_embeddings=True), True),
+], ids=["mqa-replicated", "kv3-replicated-sp", "tied-sp"])
+def test_llama_variants_tp2_match_tp1(dims, sequence_parallel):
+    """Key/value heads tp=2 cannot split are replicated (their gradients summed over tp), and a
+    tied head shares the vocab-parallel embedding's shard: tp=1's logits, loss and gradients."""
+    run_ranks(2, _variant, dims, sequence_parallel)

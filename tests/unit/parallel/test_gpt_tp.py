@@ -39,8 +39,9 @@ def check_tp_equivalence(shape, sequence_parallel: bool) -> None:
     full = full_parameters(tp, group)
     for name, p in ref.named_parameters():
         assert torch.equal(full[name], p.detach()), f"initial shard of {name} is not the slice of tp=1"
-    idx = torch.randint(0, shape.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    tgt = torch.randint(0, shape.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    tokens = getattr(shape, "vocab_real", None) or shape.vocab_size  # a padded vocabulary: its own tokens only
+    idx = torch.randint(0, tokens, (2, 16), generator=torch.Generator().manual_seed(0))
+    tgt = torch.randint(0, tokens, (2, 16), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(gather_from_tp_region(tp(idx), group), ref(idx), rtol=1e-5, atol=1e-5)
     ref(idx, tgt).backward()
     loss = tp(idx, tgt)

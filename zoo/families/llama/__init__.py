@@ -5,6 +5,7 @@ and MLP columns, vocab-parallel embedding, head and loss, sequence parallelism;
 `LlamaForCausalLM` in and out."""
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Tuple
 
 from zoo.errors import ConfigError
@@ -20,7 +21,7 @@ from zoo.models.llama import (
     llama_shape,
 )
 from zoo.parallel.cross_entropy import TokenLoss
-from zoo.parallel.plans import TPPlan
+from zoo.parallel.plans import KVHeads, TPPlan
 
 TP_PLAN = TPPlan(
     layers=(
@@ -41,10 +42,19 @@ TP_PLAN = TPPlan(
 )
 
 
+def tp_plan_of(shape: LlamaShape) -> TPPlan:
+    """TP_PLAN with the key/value projections split by their heads where tp divides them, else
+    replicated (KVHeads), and the head tied to the embedding when the shape ties them."""
+    kv = KVHeads(shape.n_head, shape.n_kv_head)
+    layers = tuple((name, kv if name.endswith(("k_proj", "v_proj")) else style) for name, style in TP_PLAN.layers)
+    ties = (("lm_head.weight", "model.embed_tokens.weight"),) if shape.tie_embeddings else ()
+    return dataclasses.replace(TP_PLAN, layers=layers, ties=ties)
+
+
 def _shape(cfg, vocab_size=None, pad_token_id=0) -> LlamaShape:
     return llama_shape(cfg.size, vocab_size or PLACEHOLDER_VOCAB, n_layer=cfg.n_layer, n_head=cfg.n_head,
                        n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, intermediate_size=cfg.intermediate_size,
-                       block_size=cfg.block_size, rope_theta=cfg.rope_theta)
+                       block_size=cfg.block_size, rope_theta=cfg.rope_theta, tie_embeddings=cfg.tie_embeddings)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -66,11 +76,11 @@ def check(cfg, layout, warnings: List[str]) -> Tuple[int, str]:
              f"model.n_embd={shape.n_embd} / model.n_head={shape.n_head} gives head size {shape.n_embd / shape.n_head:g}; "
              f"rotary embeddings need an even whole head size")
     _require(m.dropout == 0, f"model.dropout={m.dropout}: the Llama family has no dropout; set model.dropout=0")
-    if layout.tp > 1:
-        _require(shape.n_kv_head % layout.tp == 0,
-                 f"parallel.tp={layout.tp} does not divide model.n_kv_head={shape.n_kv_head}: each rank holds whole "
-                 f"key/value heads (replicating them per rank is not supported yet); choose tp among "
-                 f"{[d for d in range(1, shape.n_kv_head + 1) if shape.n_kv_head % d == 0]}")
+    if layout.tp > 1 and shape.n_kv_head % layout.tp:
+        warnings.append(f"parallel.tp={layout.tp} does not divide model.n_kv_head={shape.n_kv_head}: every rank holds "
+                        f"all {shape.n_kv_head} key/value heads' projections (replicated, their gradients summed over "
+                        f"tp) and computes the ones its query heads use; tp among "
+                        f"{[d for d in range(1, shape.n_kv_head + 1) if shape.n_kv_head % d == 0]} splits them")
     return check_transformer(SPEC, cfg, layout, warnings)
 
 
@@ -83,7 +93,9 @@ SPEC = FamilySpec(
     name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=_shape, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,
-    pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN, planner=plan.describe,
+    pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN, tp_plan_of=tp_plan_of,
+    planner=plan.describe,
     hf=HFConverter(model_types=("llama",), loads_as="LlamaForCausalLM", meta_from_config=hf.meta_from_config,
-                   to_hf=hf.to_hf, from_hf=hf.from_hf),
+                   to_hf=hf.to_hf, from_hf=hf.from_hf,
+                   vocab_rows=("model.embed_tokens.weight", "lm_head.weight")),
 )

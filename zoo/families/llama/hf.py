@@ -1,4 +1,5 @@
-"""Llama <-> transformers' `LlamaForCausalLM`: the same names, no renames (zoo's Llama mirrors them)."""
+"""Llama <-> transformers' `LlamaForCausalLM`: the same names, no renames (zoo's Llama mirrors
+them); a tied model's head is its embedding (no `lm_head.weight` either way)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,28 +13,27 @@ State = Dict[str, torch.Tensor]
 
 
 def meta_from_config(cfg: dict) -> dict:
-    if cfg.get("tie_word_embeddings"):
-        raise ConfigError("model.init_from: the model ties its input and output embeddings (tie_word_embeddings: "
-                          "true), which zoo's Llama does not support yet; use an untied model")
     if cfg.get("rope_scaling"):
         raise ConfigError(f"model.init_from: rope_scaling={cfg['rope_scaling']} is not supported; use a model without it")
     heads = cfg["num_attention_heads"]
     return {"n_layer": cfg["num_hidden_layers"], "n_head": heads, "n_kv_head": cfg.get("num_key_value_heads") or heads,
             "n_embd": cfg["hidden_size"], "intermediate_size": cfg["intermediate_size"],
             "block_size": cfg["max_position_embeddings"], "vocab_size": cfg["vocab_size"],
-            "rope_theta": float(cfg.get("rope_theta", 10000.0)), "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6))}
+            "rope_theta": float(cfg.get("rope_theta", 10000.0)), "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+            "tie_embeddings": bool(cfg.get("tie_word_embeddings", False))}
 
 
 def to_hf(state: State, meta: dict, eos_token_id=None, pad_token_id=None, **_):
     from transformers import LlamaConfig
 
+    tied = bool(meta.get("tie_embeddings", False))
     config = LlamaConfig(vocab_size=meta["vocab_size"], hidden_size=meta["n_embd"],
                          intermediate_size=meta["intermediate_size"], num_hidden_layers=meta["n_layer"],
                          num_attention_heads=meta["n_head"], num_key_value_heads=meta["n_kv_head"],
                          max_position_embeddings=meta["block_size"], rope_theta=meta["rope_theta"],
-                         rms_norm_eps=meta["rms_norm_eps"], tie_word_embeddings=False, attention_bias=False,
+                         rms_norm_eps=meta["rms_norm_eps"], tie_word_embeddings=tied, attention_bias=False,
                          mlp_bias=False, bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-    return config, dict(state)
+    return config, {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")}
 
 
 def from_hf(directory: Path) -> Tuple[dict, State]:
@@ -44,7 +44,8 @@ def from_hf(directory: Path) -> Tuple[dict, State]:
     meta = meta_from_config(json.loads((directory / "config.json").read_text()))
     state: State = {}
     for f in sorted(directory.glob("*.safetensors")):
-        state.update({k: v for k, v in load_file(str(f)).items() if not k.endswith("rotary_emb.inv_freq")})
+        state.update({k: v for k, v in load_file(str(f)).items() if not k.endswith("rotary_emb.inv_freq")
+                      and not (meta["tie_embeddings"] and k == "lm_head.weight")})  # tied: the embedding's
     if not state:
         raise ConfigError(f"model.init_from={directory} holds no *.safetensors weights (a pytorch_model.bin is not "
                           f"read: it would need unpickling); save the model with save_pretrained(safe_serialization=True)")

@@ -11,7 +11,8 @@ from zoo.plan.families import Activations, ModelDesc, ParamCount, Piece
 def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     """zoo's Llama (`zoo.models.llama`): pre-RMSNorm blocks without biases, grouped-query
     attention (k_proj and v_proj map h to n_kv_head * head_dim), a SwiGLU MLP (three matrices
-    of h x intermediate), rotary positions (no parameters), an untied LM head, no dropout.
+    of h x intermediate), rotary positions (no parameters), an untied LM head (tied with model.tie_embeddings, as
+    smollm-135m), no dropout.
 
     Activations per token of a layer, as for GPT (Korthikanti et al. 2022, 4.1) with
     `F.scaled_dot_product_attention` (no a*s scores kept): split over tp, Q (h), K and V
@@ -33,9 +34,10 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
                   tp_allreduce_elems_per_token=4 * h)
     embedding = Piece(params=ParamCount(sharded=v * h), activations=Activations(), checkpoint=Activations(),
                       fwd_flops_per_token=0, tp_allreduce_elems_per_token=h)  # the vocab-parallel lookup's sum
-    # model.norm and the untied lm_head. Kept: the norm's and lm_head's inputs (h each), the
+    # model.norm and lm_head. Kept: the norm's and lm_head's inputs (h each), the
     # logits (V/tp in the dtype) and the loss's float32 softmax over them (V/tp * 4 bytes).
-    head = Piece(params=ParamCount(sharded=v * h, replicated=h),
+    tied = d.tie_embeddings  # the head is the embedding: no parameters of its own (a copy on pp's last stage)
+    head = Piece(params=ParamCount(sharded=0 if tied else v * h, replicated=h),
                  activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
                  checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
                  fwd_flops_per_token=2 * v * h,
@@ -44,7 +46,7 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     keys = ("n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "block_size", "vocab_size")
     overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in keys if getattr(cfg, k) is not None)
     return ModelDesc(name=f"llama {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
-                     layers=(layer,) * d.n_layer, head=head, head_ties_embedding=False, tokens_per_sample=s,
+                     layers=(layer,) * d.n_layer, head=head, head_ties_embedding=tied, tokens_per_sample=s,
                      hidden_size=h, gemm_shape=(h, min(h, kv)),
                      tp_divides={"model.n_head": d.n_head, "model.n_kv_head": d.n_kv_head,
                                  "model.intermediate_size": inter,
