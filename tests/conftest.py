@@ -42,6 +42,8 @@ SLOW = {
     "and the unit breakdown stay",
     "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[zero3]": "llama zero1 and GPT's "
     "zero3 stay",
+    "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[zero2]": "llama zero1 and GPT's "
+    "zero2 stay",
     "tests/slurm/test_slurm.py::test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait": "waits out a "
     "collective timeout and srun's --wait (90 s); the requeue tests run every job through the same srun line",
     "tests/e2e/test_families.py::test_bert_3d_matches_single_process": "BERT's tp and pp exactness and GPT's 3d stay",

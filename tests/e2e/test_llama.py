@@ -28,8 +28,9 @@ def single_process(run_zoo):
                                             "parallel.sequence_parallel=true"], 1e-5),
                                           (["parallel=pp"], 1e-5), (["parallel=3d"], 1e-4),
                                           (["parallel=zero1", "trainer.micro_batch_size=4"], 1e-5),
+                                          (["parallel=zero2", "trainer.micro_batch_size=4"], 1e-5),
                                           (["parallel=zero3", "trainer.micro_batch_size=4"], 1e-5)],
-                         ids=["tp2", "tp2-sp", "pp2", "3d", "zero1", "zero3"])
+                         ids=["tp2", "tp2-sp", "pp2", "3d", "zero1", "zero2", "zero3"])
 def test_layout_matches_one_process_over_10_steps(run_zoo, single_process, layout, rtol):
     run = run_zoo(*STEPS, *layout)
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(single_process.losses()), rtol=rtol, atol=0)

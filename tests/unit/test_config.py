@@ -166,8 +166,9 @@ def test_init_from_is_checked_with_the_imported_models_dimensions(tmp_path):
         (["model=bert", f"model.init_from={gpt2}"], r"holds a gpt model and model.family=bert; use model=gpt"),
         ([f"model.init_from={_hf_dir(tmp_path / 't5', model_type='t5')}"], r"model_type 't5' is not supported"),
         ([f"model.init_from={_hf_dir(tmp_path / 'broken', model_type='gpt2', n_layer=2)}"], r"its config.json has no 'n_head'"),
-        (["parallel=tp", f"model.init_from={gpt2}"],
-         r"parallel.tp=2 does not divide the vocabulary of model.init_from=.*\(50257 tokens\).*pad_to_multiple_of=256"),
+        (["parallel=tp", "model.vocab_pad_multiple=1", f"model.init_from={gpt2}"],
+         r"parallel.tp=2 does not divide the vocabulary of model.init_from=.*\(50257 tokens\).*zoo pads an imported "
+         r"vocabulary to a multiple of model.vocab_pad_multiple=1: set it to a multiple of 2"),
         (["parallel.tp=8", f"model.init_from={padded}"], r"parallel.tp=8 does not divide the imported model's heads \(12\)"),
         (["parallel.pp=13", f"model.init_from={padded}"], r"parallel.pp=13 is more than the 12 layers of model.init_from="),
         (["model=cnn", f"model.init_from={gpt2}"], r"the CNN has no transformers counterpart"),
@@ -175,6 +176,7 @@ def test_init_from_is_checked_with_the_imported_models_dimensions(tmp_path):
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):
             check(composed(*overrides))
+    check(composed("parallel=tp", f"model.init_from={gpt2}"))  # 50257 tokens: padded to 50304 at import
     # model.size=tiny has 4 heads and 4 layers: these layouts fit the imported model, not tiny.
     check(composed("parallel.tp=6", "parallel.pp=6", "trainer.global_batch_size=36", f"model.init_from={_hf_dir(tmp_path / 'v', **{**GPT2_SMALL, 'vocab_size': 50304 * 3})}"))
 
