@@ -44,6 +44,16 @@ SLOW = {
     "zero3 stay",
     "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[zero2]": "llama zero1 and GPT's "
     "zero2 stay",
+    "tests/e2e/test_launchers.py::test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_traceback"
+    "[stop]": "waits out a collective timeout; the kill case stays",
+    "tests/slurm/test_multinode.py::test_a_warned_job_requeues_and_resumes_on_both_nodes": "the single-node "
+    "requeue of a stand-in job and the two-node ddp run stay",
+    "tests/slurm/test_multinode.py::test_3d_over_two_nodes_of_four_equals_one_process": "8 ranks on 2 cores; "
+    "the two-node ddp run and the local 3d run stay",
+    "tests/slurm/test_multinode.py::test_a_stopped_rank_on_the_second_node_ends_the_job_and_leaves_no_process":
+    "waits out a collective timeout and srun's --wait; the two-node ddp run stays",
+    "tests/slurm/test_multinode.py::test_a_killed_rank_on_the_second_node_ends_the_job": "the local and torchrun "
+    "kill tests and the two-node ddp run stay",
     "tests/slurm/test_slurm.py::test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait": "waits out a "
     "collective timeout and srun's --wait (90 s); the requeue tests run every job through the same srun line",
     "tests/e2e/test_families.py::test_bert_3d_matches_single_process": "BERT's tp and pp exactness and GPT's 3d stay",

@@ -45,12 +45,16 @@ def test_deepspeed_launcher(run_zoo, tmp_path, flags):
     assert (run.summary["world_size"], run.summary["zero_stage"]) == (2, 2)
 
 
-def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_traceback(tmp_path, zoo_cache):
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_traceback(tmp_path, zoo_cache, how):
     """torchrun names the rank that died (its root-cause report); the rank that lost its peer
-    says so in one line and exits 1, without a traceback."""
+    says so in one line and exits 1, without a traceback. A rank stopped with SIGSTOP (hung):
+    its peer's collective times out after parallel.timeout_s, the peer says so in one line,
+    and torchrun ends the stopped one: the job ends within parallel.timeout_s + 60 s."""
     import os
     import signal
     import subprocess
+    import time
 
     import psutil
 
@@ -61,19 +65,29 @@ def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_trace
     env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "WANDB_MODE": "disabled"}
     torchrun = Path(sys.executable).with_name("torchrun")
+    timeout_s = 15
     proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
                              f"hydra.run.dir={run_dir}", "parallel=zero1", "trainer.max_steps=100000",
-                             *FAILURE_FAST], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             f"parallel.timeout_s={timeout_s}", *FAILURE_FAST], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_training(run_dir, proc)
     ranks = sorted((c for c in psutil.Process(proc.pid).children() if "zoo.train" in " ".join(c.cmdline())),
                    key=lambda c: int(c.environ().get("RANK", -1)))
     assert len(ranks) == 2
-    ranks[1].send_signal(signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    t0 = time.monotonic()
+    ranks[1].send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    out, err = proc.communicate(timeout=timeout_s + 120)
+    took = time.monotonic() - t0
     assert proc.returncode != 0
     assert "/zoo/" not in err, err[-3000:]  # no traceback of a rank (torchrun's agent prints its own)
     peer = [line for line in err.splitlines() if line.startswith("zoo: rank 0 on ")]
-    assert len(peer) == 1 and "a peer rank went away" in peer[0] and "exit code 1" in peer[0], err[-3000:]
+    assert len(peer) == 1 and "exit code 1" in peer[0], err[-3000:]
     root = err.split("Root Cause (first observed failure):", 1)[1]  # torchrun's report of the first failure
-    assert "rank      : 1" in root and "SIGKILL" in root, err[-3000:]
+    if how == "kill":
+        assert "a peer rank went away" in peer[0] and "rank      : 1" in root and "SIGKILL" in root, err[-3000:]
+    else:  # the peer failed first: its timeout; torchrun then ended the stopped rank
+        assert "did not answer within parallel.timeout_s" in peer[0] and "rank      : 0" in root, err[-3000:]
+        assert took < timeout_s + 60, took
+    time.sleep(1)
+    assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"

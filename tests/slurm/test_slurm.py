@@ -58,10 +58,11 @@ class Cluster:
         assert out.returncode == 0, f"{' '.join(cmd)} exited {out.returncode}: {out.stderr.strip()}"
         return out.stdout
 
-    def submit(self, workdir: Path, overrides: list[str], sbatch_args: list[str] = (), env: dict = None) -> Job:
+    def submit(self, workdir: Path, overrides: list[str], sbatch_args: list[str] = (), env: dict = None, *,
+               script: Path = DEBUG_CPU, ranks: list[str] = FOUR_CPU_RANKS) -> Job:
         """sbatch from the repository root (as documented), the job running in `workdir`."""
         out = self._run("sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/slurm-%j.out",
-                        *FOUR_CPU_RANKS, *sbatch_args, str(DEBUG_CPU), *overrides,
+                        *ranks, *sbatch_args, str(script), *overrides,
                         env={**self.env, **(env or {})}, cwd=ROOT)
         return Job(out.strip().split(";")[0], workdir)
 
@@ -84,24 +85,34 @@ class Cluster:
         self._run("scancel", "--signal=USR1", "--batch", job.id)
 
 
-def _setup(action: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SETUP), action], capture_output=True, text=True, timeout=900)
+def _setup(action: str, nodes: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SETUP), action], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "ZOO_SLURM_NODES": str(nodes)})
+
+
+def cluster(zoo_cache, nodes: int = 1):
+    """Bring up the cluster (unless it already runs), yield a Cluster, stop it again (also
+    when a test failed) unless it was up before."""
+    was_up = "slurmctld: running" in _setup("status", nodes).stdout
+    up = _setup("up", nodes)
+    if up.returncode == 77:
+        pytest.skip((up.stderr.strip().splitlines() or ["Slurm cannot be installed here"])[-1])
+    if up.returncode != 0:
+        _setup("down", nodes)  # what came up (a namespace, a daemon) does not outlive the failure
+        pytest.fail(f".ci/slurm_setup.sh up exited {up.returncode}:\n{up.stderr}", pytrace=False)
+    conf = re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)
+    env = {k: v for k, v in os.environ.items() if not LAUNCHER_VARS.fullmatch(k)}
+    try:
+        yield Cluster({**env, "SLURM_CONF": conf, "ZOO_PYTHON": sys.executable, "ZOO_CACHE": str(zoo_cache)})
+    finally:
+        if not was_up:
+            down = _setup("down", nodes)
+            assert down.returncode == 0, f".ci/slurm_setup.sh down exited {down.returncode}:\n{down.stderr}"
 
 
 @pytest.fixture(scope="session")
 def slurm(zoo_cache) -> Cluster:
-    was_up = "slurmctld: running" in _setup("status").stdout
-    up = _setup("up")
-    if up.returncode == 77:
-        pytest.skip((up.stderr.strip().splitlines() or ["Slurm cannot be installed here"])[-1])
-    if up.returncode != 0:
-        pytest.fail(f".ci/slurm_setup.sh up exited {up.returncode}:\n{up.stderr}", pytrace=False)
-    conf = re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)
-    env = {k: v for k, v in os.environ.items() if not LAUNCHER_VARS.fullmatch(k)}
-    yield Cluster({**env, "SLURM_CONF": conf, "ZOO_PYTHON": sys.executable, "ZOO_CACHE": str(zoo_cache)})
-    if not was_up:
-        down = _setup("down")
-        assert down.returncode == 0, f".ci/slurm_setup.sh down exited {down.returncode}:\n{down.stderr}"
+    yield from cluster(zoo_cache)
 
 
 def _losses(run_dir: Path) -> list[tuple[int, float]]:
@@ -239,6 +250,7 @@ def test_warned_gpt_run_checkpoints_requeues_and_matches_uninterrupted_run(slurm
 
 
 def _job_processes(job: Job) -> list:
+    """The job's zoo.train processes, on every node (a simulated node's share this machine's pids)."""
     import psutil
 
     found = []

@@ -1,0 +1,136 @@
+"""zoo across hosts: a Slurm cluster of two simulated nodes on this machine (.ci/slurm_setup.sh
+with ZOO_SLURM_NODES=2: each node a network namespace with its own address, hostname and
+slurmd) running the real slurm/train_multinode.sbatch as a CPU cluster runs it
+(`--gpus-per-node=0 --cpus-per-task=1 -O`, gloo between the nodes).
+
+ddp over 2 nodes x 2 ranks gives one node's losses; a warned job checkpoints, requeues and
+resumes on both nodes with the uninterrupted run's losses; `kill -9` of a rank on the second
+node ends the job; 3d over 2 x 4 (every tensor-parallel group inside one host) equals one
+process; a rank stopped with `kill -STOP` on the second node ends the job within
+parallel.timeout_s + 60 s and leaves no process on either node. Everything the cluster
+started is stopped and its namespaces removed afterwards, also when a test fails. Skipped
+where Slurm cannot be installed or namespaces cannot be made.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+
+import pytest
+import torch
+
+from tests.slurm.test_slurm import ROOT, Job, _job_processes, _losses, _wait_for, cluster
+
+MULTINODE = ROOT / "slurm" / "train_multinode.sbatch"
+CPU_NODES = ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--overcommit"]
+TINY_GPT = ["trainer.max_steps=12", "trainer.global_batch_size=16", "trainer.micro_batch_size=4",
+            "trainer.log_every=1", "trainer.progress=false", "trainer.eval_batches=1", "trainer.sample_tokens=0",
+            "optim.warmup_steps=2", "logger=none"]
+
+
+@pytest.fixture(scope="module")
+def nodes(zoo_cache):
+    yield from cluster(zoo_cache, nodes=2)
+
+
+def submit(nodes, workdir, overrides, per_node: int, env=None) -> Job:
+    return nodes.submit(workdir, ["parallel.backend=gloo", *overrides], env=env, script=MULTINODE,
+                        ranks=[*CPU_NODES, f"--ntasks-per-node={per_node}"])
+
+
+def _completed(nodes, job: Job, timeout_s: float = 240) -> dict:
+    info = nodes.wait(job, timeout_s=timeout_s)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), \
+        f"job {job.id} {info['JobState']} (exit {info['ExitCode']}); its output:\n{job.log[-3000:]}"
+    return info
+
+
+def _groups(run_dir) -> dict:
+    """topology.txt's groups: kind -> [(ranks, crosses hosts)]."""
+    out = {}
+    for kind, ranks, rest in re.findall(r"^(TP|PP|DP) group: \[([\d, ]+)\](.*)$", (run_dir / "topology.txt").read_text(),
+                                        re.M):
+        out.setdefault(kind, []).append(([int(r) for r in ranks.split(",")], "crosses hosts" in rest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp_2x2(nodes, tmp_path_factory):
+    job = submit(nodes, tmp_path_factory.mktemp("ddp"), TINY_GPT, per_node=2)
+    info = _completed(nodes, job)
+    return job, info
+
+
+def test_ddp_over_two_nodes_equals_one_node(run_zoo, ddp_2x2):
+    job, info = ddp_2x2
+    assert info["NodeList"] == "zoo-node[1-2]" and info["NumTasks"] == "4", info
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert (summary["world_size"], summary["dp"], summary["steps"]) == (4, 4, 12), summary
+    hosts = set(re.findall(r"^\s+\d+\s+\d+\s+\d+\s+\d+\s+(\S+)", (job.run_dir / "topology.txt").read_text(), re.M))
+    assert hosts == {"zoo-node1", "zoo-node2"}, hosts
+    assert _groups(job.run_dir)["DP"] == [([0, 1, 2, 3], True)]
+    one_node = run_zoo("parallel=ddp", "parallel.dp=4", *TINY_GPT)
+    assert _losses(job.run_dir) == [(m["step"], m["loss"]) for m in one_node.metrics]
+
+
+def test_a_killed_rank_on_the_second_node_ends_the_job(nodes, tmp_path):
+    job = submit(nodes, tmp_path, [*TINY_GPT, "trainer.max_steps=100000"], per_node=2)
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "step 2", job)
+    victim = [p for p in _job_processes(job) if p.environ().get("SLURMD_NODENAME") == "zoo-node2"]
+    assert victim, "no rank of the job on zoo-node2"
+    victim[0].kill()
+    t0 = time.monotonic()
+    info = nodes.wait(job, timeout_s=120)
+    assert info["JobState"] in ("FAILED", "CANCELLED"), (info["JobState"], job.log[-3000:])
+    assert time.monotonic() - t0 < 60
+    time.sleep(2)
+    assert not _job_processes(job), "processes of the job are left"
+
+
+def test_a_warned_job_requeues_and_resumes_on_both_nodes(nodes, ddp_2x2, tmp_path):
+    reference, _ = ddp_2x2
+    job = submit(nodes, tmp_path, TINY_GPT, per_node=2)
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "step 3", job)
+    nodes.warn(job)
+    info = _completed(nodes, job)
+    assert info["Restarts"] == "1" and info["NodeList"] == "zoo-node[1-2]", info
+    assert f"zoo: job {job.id} (restart 1) on zoo-node[1-2]" in job.log, job.log[-3000:]
+    assert [step for step, _ in _losses(job.run_dir)] == list(range(1, 13))
+    assert _losses(job.run_dir) == _losses(reference.run_dir)
+
+
+def test_3d_over_two_nodes_of_four_equals_one_process(nodes, run_zoo, tmp_path):
+    """tp2 x pp2 x dp2 over 2 nodes x 4 ranks: each tensor-parallel group inside one host, the
+    data-parallel groups across; the losses of one process within 1e-4."""
+    batch = ["model.n_layer=4", "trainer.micro_batch_size=2", "trainer.global_batch_size=24"]  # 6 per pipeline
+    job = submit(nodes, tmp_path, ["parallel=3d", *TINY_GPT, *batch], per_node=4)
+    _completed(nodes, job, timeout_s=400)
+    groups = _groups(job.run_dir)
+    assert groups["TP"] and not any(crosses for _, crosses in groups["TP"]), groups["TP"]
+    assert all(crosses for _, crosses in groups["DP"]), groups["DP"]
+    one = run_zoo("parallel=ddp", *TINY_GPT, *batch)
+    torch.testing.assert_close(torch.tensor([loss for _, loss in _losses(job.run_dir)]), torch.tensor(one.losses()),
+                               rtol=1e-4, atol=0)
+
+
+def test_a_stopped_rank_on_the_second_node_ends_the_job_and_leaves_no_process(nodes, tmp_path):
+    timeout_s, wait_s = 20, 10
+    job = submit(nodes, tmp_path, [*TINY_GPT, "trainer.max_steps=100000", f"parallel.timeout_s={timeout_s}"],
+                 per_node=2, env={"ZOO_SRUN_WAIT": str(wait_s)})
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "step 2", job)
+    victim = [p for p in _job_processes(job) if p.environ().get("SLURMD_NODENAME") == "zoo-node2"]
+    assert victim, "no rank of the job on zoo-node2"
+    victim[0].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    info = nodes.wait(job, timeout_s=timeout_s + wait_s + 90)
+    took = time.monotonic() - t0
+    assert info["JobState"] in ("FAILED", "CANCELLED"), (info["JobState"], job.log[-3000:])
+    assert took < timeout_s + 60, took
+    time.sleep(2)
+    assert not _job_processes(job), "processes of the job are left on a node"
+    assert "Traceback" not in job.log, job.log[-3000:]
