@@ -54,6 +54,9 @@ SLOW = {
     "waits out a collective timeout and srun's --wait; the two-node ddp run stays",
     "tests/slurm/test_multinode.py::test_a_killed_rank_on_the_second_node_ends_the_job": "the local and torchrun "
     "kill tests and the two-node ddp run stay",
+    **{f"tests/e2e/test_precision.py::test_bf16_follows_fp32[{case}]": "gpt-ddp stays (bf16 through the same "
+       "engine path)" for case in ["gpt-tp", "gpt-pp", "gpt-3d", "llama-ddp", "llama-tp", "llama-pp", "llama-3d",
+                                   "bert-ddp", "bert-tp", "bert-pp", "bert-3d", "cnn-ddp", "cnn-pp"]},
     "tests/slurm/test_slurm.py::test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait": "waits out a "
     "collective timeout and srun's --wait (90 s); the requeue tests run every job through the same srun line",
     "tests/e2e/test_families.py::test_bert_3d_matches_single_process": "BERT's tp and pp exactness and GPT's 3d stay",

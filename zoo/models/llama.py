@@ -133,12 +133,12 @@ class LlamaAttention(nn.Module):
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         q, k = apply_rope(q, k, self.theta)
         replicated = getattr(self.k_proj, "query_to_kv", None)  # tp does not divide the kv heads
-        if replicated is None:
-            k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
+        if replicated is None:  # each group of `groups` query heads shares one kv head: sdpa repeats none
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.groups > 1)
         else:
             index = torch.tensor(replicated, device=k.device)
             k, v = (t.index_select(1, index) for t in (k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
