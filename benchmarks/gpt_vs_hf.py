@@ -57,9 +57,12 @@ def main() -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import deepspeed
 
+    from zoo import lean_start
     from zoo.build import build_model
     from zoo.engine import param_groups
 
+    lean_start.skip_shm_comm_op()  # as zoo's ranks start
+    lean_start.skip_muon_import({})
     deepspeed.init_distributed("gloo")
     threads = torch.get_num_threads()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32

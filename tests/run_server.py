@@ -29,6 +29,7 @@ def _preload() -> None:
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
     import transformers  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401  (every language model's task: ~2 s of lazy imports)
 
     import zoo.families  # noqa: F401
     import zoo.train  # noqa: F401

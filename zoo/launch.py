@@ -134,7 +134,7 @@ START_METHOD_ENV = "ZOO_START_METHOD"
 
 
 PRELOAD = ("zoo.quiet", "deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "torch._dynamo", "transformers",
-           "zoo.trainer", "zoo.families", "zoo.worker")
+           "transformers.models.auto.tokenization_auto", "zoo.trainer", "zoo.families", "zoo.worker")
 
 
 def worker_start_method() -> str:

@@ -39,6 +39,7 @@ def init_distributed(cfg: Config) -> None:
     from zoo import lean_start
 
     lean_start.skip_shm_comm_op()
+    lean_start.skip_muon_import(cfg.deepspeed)
 
     backend = cfg.parallel.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     timeout = timedelta(seconds=cfg.parallel.timeout_s)

@@ -92,3 +92,43 @@ def test_a_rank_whose_peer_went_away_is_told_apart():
 
     assert _peer_lost(RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
     assert not _peer_lost(RuntimeError("CUDA out of memory"))
+
+
+MUON_STEPS = """
+import os, sys
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+import torch, deepspeed
+from zoo import lean_start
+lean_start.skip_shm_comm_op()
+print("skipped", lean_start.skip_muon_import(eval(sys.argv[2])))
+deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+for stage in (1, 2, 3):
+    cfg = {"train_batch_size": 2, "zero_optimization": {"stage": stage},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)),
+                                      config=cfg)
+    engine.backward(engine(torch.randn(2, 8)).sum())
+    engine.step()
+print("inductor", "torch._inductor.compile_fx" in sys.modules)
+"""
+
+
+def test_zero_engines_start_and_step_without_deepspeeds_muon_and_torch_inductor():
+    """Every ZeRO stage builds and steps with the stand-ins, and torch._inductor (which the real
+    Muon module imports through its torch.compile'd kernels, ~3.7 s) is never imported; a raw
+    config that asks for Muon keeps DeepSpeed's own module."""
+    import socket
+
+    def run(raw: str):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = subprocess.run([sys.executable, "-c", MUON_STEPS, str(port), raw], capture_output=True, text=True,
+                             timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stderr[-3000:]
+        return [line for line in out.stdout.splitlines() if line.startswith(("skipped", "inductor"))]
+
+    assert run("{}") == ["skipped True", "inductor False"]
+    code = "from zoo import lean_start; print(lean_start.skip_muon_import({'optimizer': {'type': 'MuonWithAuxAdam'}}))"
+    asked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert asked.stdout.strip() == "False", asked.stderr[-2000:]

@@ -83,12 +83,15 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
+    from zoo import lean_start
     from zoo.build import build_model
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine
     from zoo.families import model_dims
     from zoo.parallel.topology import Layout, build_grid
 
+    lean_start.skip_shm_comm_op()  # as zoo's ranks start: no gcc build of DeepSpeed's shm op (~47 s fresh)
+    lean_start.skip_muon_import({})
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     model_cfg = ModelConfig(**MODEL)
     shape = model_dims(model_cfg, VOCAB)
@@ -118,12 +121,15 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
+    from zoo import lean_start
     from zoo.build import build, build_model
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine, param_groups
     from zoo.families import model_dims
     from zoo.parallel.topology import Layout, build_grid, tp_group
 
+    lean_start.skip_shm_comm_op()  # as zoo's ranks start: no gcc build of DeepSpeed's shm op (~47 s fresh)
+    lean_start.skip_muon_import({})
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     model_cfg = ModelConfig(**TP_PP_MODEL)
     shape = model_dims(model_cfg, VOCAB)
