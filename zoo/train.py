@@ -108,6 +108,9 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     for w in warnings:
         if rank0:
             print(f"zoo: warning: {w}", file=sys.stderr, flush=True)
+    from zoo.observe.startup import mark_validated
+
+    mark_validated()  # the ranks' start-up clock: from this command's start, validation ended now
 
     if env.kind != "local":
         from zoo.worker import main as worker_main

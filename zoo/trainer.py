@@ -37,6 +37,7 @@ class Trainer:
         self.cfg, self.layout, self.grid, self.task, self.device = cfg, layout, grid, task, device
         self.run_dir = run_dir
         self.rank = dist.get_rank()
+        self.startup = None  # zoo.observe.startup.StartupClock, set by the worker: the first step ends it
         torch.manual_seed(cfg.trainer.seed)
         with held_stdout(cfg.verbose):  # DeepSpeed's pipeline module prints its seeds and stages
             self.engine = initialize_engine(task.build_model(grid), cfg, layout, grid)
@@ -277,6 +278,9 @@ class Trainer:
             step_s = time.perf_counter() - t0
             train_time += step_s
             window_steps += 1
+            if self.startup is not None and self.step == first_step + 1:
+                self.startup.mark("first_step")
+                self.log.write(self.startup.line())
             if self.profile is not None:
                 self._profile_window_end(step_s)
             evaluated = (self.periodic_evaluation() if t.eval_every and self.step % t.eval_every == 0
@@ -332,7 +336,8 @@ class Trainer:
             **({"best_eval_loss": self.eval_state["best"], "best_eval_step": self.eval_state["best_step"]}
                if self.eval_state["best"] is not None else {}),
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
-            "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started}
+            "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started,
+            **({"startup": self.startup.phases()} if self.startup is not None else {})}
         self.log.summary(summary)
         if self.rank == 0:
             from zoo.observe.result import result_lines

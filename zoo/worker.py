@@ -104,7 +104,10 @@ def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.dev
 def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     """Run one rank of a training job."""
     from zoo import signals
+    from zoo.observe.startup import StartupClock
 
+    clock = StartupClock()
+    clock.mark("ranks")
     signals.install()
     # DeepSpeed still calls the collectives torch renamed; the notice says nothing to users.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
@@ -119,8 +122,9 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = _device(local_rank)
     init_distributed(cfg)
+    clock.mark("process_group")
     try:
-        _run(cfg, cfg_yaml, run_dir, device)
+        _run(cfg, cfg_yaml, run_dir, device, clock)
     except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (verbose=true: the traceback)
         if cfg.verbose:
             raise
@@ -173,7 +177,7 @@ def report_failure(err: BaseException, lost: bool) -> None:
     print(f"zoo: rank {rank} on {host} failed (exit code 1): {type(err).__name__}: {last}", file=sys.stderr, flush=True)
 
 
-def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None:
+def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device, clock=None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     from zoo.validate import resolve_layout
 
@@ -183,7 +187,7 @@ def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device) -> None
     lock = _lock_run_dir(run_path, rank)
     training = []
     try:
-        _train(cfg, cfg_yaml, run_path, layout, device, training)
+        _train(cfg, cfg_yaml, run_path, layout, device, training, clock)
     except ZooError:
         if rank == 0 and not training:
             remove_new_entries(run_path, found)
@@ -225,8 +229,9 @@ def _lock_run_dir(run_path: Path, rank: int):
 
 
 def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: torch.device,
-           training: list) -> None:
-    """Start and run the training; `training` gets an entry once the start is over."""
+           training: list, clock=None) -> None:
+    """Start and run the training; `training` gets an entry once the start is over; `clock`
+    (zoo.observe.startup) the start's phases."""
     rank = dist.get_rank()
     topology, hosts, devices = show_topology(layout, rank, device, cfg.verbose)
     from zoo.quiet import held_stdout
@@ -240,6 +245,8 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     task = family(cfg.model.family).task(cfg, device, layout)
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
+    if clock is not None:
+        clock.mark("data")
     from zoo.checkpoint import native as native_checkpoint
     from zoo.rundir import check_space, expected_bytes
 
@@ -262,6 +269,9 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     if small_split and rank == 0:
         print(f"zoo: warning: {small_split}", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, layout, grid, task, run_path, device)
+    if clock is not None:
+        clock.mark("model")
+        trainer.startup = clock
     if rank == 0:  # written once the start went through: a refused start leaves an older run's files
         from zoo.config.schema import to_yaml, with_model_shape
 

@@ -1,5 +1,6 @@
 """What a user sees on the console of a multi-rank run: only zoo's lines from rank 0 (no
-DeepSpeed start-up chatter, no rank's duplicate), ending with the result block."""
+DeepSpeed start-up chatter, no rank's duplicate), the start's phases once, ending with the
+result block."""
 from __future__ import annotations
 
 THIRD_PARTY = ("[WARNING]", "[INFO]", "Using topology", "SEED_LAYERS", "stage=", "Setting accelerator",
@@ -29,3 +30,8 @@ def test_a_tp_pp_run_prints_only_zoos_lines_and_ends_with_its_result(trained_3d)
                         f"topology.txt (rank grid), topology.png (its picture), tokenizer/ (tokenizer)")
     assert block[3] == f"zoo: next: python -m zoo.export {trained_3d.run_dir} {trained_3d.run_dir}/hf"
     assert len(block) == 6 and "resume=auto" in block[-1], "\n".join(block)
+    (start,) = [line for line in stdout if line.startswith("zoo: start: ")]
+    phases = trained_3d.summary["startup"]
+    assert list(phases) == ["validation", "ranks", "process_group", "data", "model", "first_step", "total"], phases
+    assert abs(sum(v for k, v in phases.items() if k != "total") - phases["total"]) < 0.01 and phases["first_step"] > 0
+    assert start.startswith(f"zoo: start: {phases['total']:.1f} s to the end of the first step (imports and ")
