@@ -200,3 +200,10 @@ def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
              f"trainer.global_batch_size={t.global_batch_size} is not divisible by {what} = {per_step}; "
              f"set trainer.global_batch_size to a multiple of {per_step}, "
              f"e.g. {max(1, round(t.global_batch_size / per_step)) * per_step}")
+    accumulated = t.global_batch_size // per_step if layout.pp == 1 and p.num_microbatches is None else count
+    if cfg.precision.dtype == "bf16" and layout.zero_stage == 0 and accumulated > 1:
+        # DeepSpeed sums the micro-batches' gradients in fp32 from ZeRO-1 on (its BF16 optimizer);
+        # at stage 0 it refuses fp32 accumulation and sums them in bf16.
+        warnings.append(f"precision=bf16 with parallel.zero_stage=0 sums the {accumulated} micro-batches' gradients "
+                        f"of each step in bf16 (8 significant bits; measured on the tiny GPT: 0.25% off fp32's loss "
+                        f"after 20 steps, against 0.00% at ZeRO-1); parallel.zero_stage=1 sums them in fp32")

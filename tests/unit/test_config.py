@@ -202,3 +202,11 @@ def test_the_shown_config_states_the_models_real_dimensions():
     assert (shown.model.size, shown.model.n_layer, shown.model.n_embd, shown.model.vocab_size) == ("tiny", 6, 128, 4096)
     assert cfg.model.n_embd is None  # the run's own config is untouched
     assert "n_embd: 128" in to_yaml(shown) and with_model_shape(cfg, None) is cfg
+
+
+def test_bf16_at_zero_stage_0_warns_that_it_accumulates_gradients_in_bf16():
+    warned = check(composed("precision=bf16", "trainer.global_batch_size=32", "trainer.micro_batch_size=8"))
+    assert any("sums the 4 micro-batches' gradients of each step in bf16" in w for w in warned), warned
+    for quiet in (["parallel=zero1"], ["trainer.global_batch_size=8"]):  # fp32 sums; nothing to accumulate
+        assert not [w for w in check(composed("precision=bf16", "trainer.global_batch_size=32",
+                                              "trainer.micro_batch_size=8", *quiet)) if "in bf16" in w]
