@@ -1,16 +1,22 @@
 """bf16 against fp32: every family trains 20 steps in bf16 under ddp, tp, pp and 3d (the CNN:
 ddp and pp, the layouts it allows) and its loss curve follows the fp32 run of the same layout.
 
-The tolerance. DeepSpeed's bf16 keeps fp32 master weights and optimizer state; what bf16
-changes is the forward and backward arithmetic, whose relative rounding is 2^-8 = 0.4% per
-stored value (8 significant bits). A loss is a mean over thousands of tokens, so its own
-rounding averages out; what accumulates is each step's update computed from bf16 gradients,
-which moves the weights by a few per cent of an update per step. Over 20 steps of a tiny
-model whose loss falls by tens of per cent, that bounds the gap at a few per cent of the
-loss; the test asks for 2% at step 1 (one forward: rounding alone) and 3% over the last 5
-steps (rounding carried through 15-20 updates), and that bf16 training makes the same
-progress as fp32's: its loss falls by at least 80% as much as the fp32 loss does. The measured
-gaps are in the README's precision paragraph.
+The tolerance. DeepSpeed's bf16 keeps fp32 master weights and optimizer state, and zoo
+computes every loss in fp32; what bf16 changes is the forward and backward arithmetic, whose
+relative rounding is 2^-8 = 0.4% per stored value (8 significant bits). The loss is a mean
+over hundreds of tokens or images of independent rounding errors: at step 1 (one forward, no
+update yet) it moves by ~0.4% / sqrt(tokens), far below 0.5%, the bound asked. After that
+the gap is what 19 updates made from bf16 gradients add: the loss falls by ~15% over
+them, and each update is off by its gradient's relative error, so the gap is about that error
+x 15%. Where a step's micro-batches are summed in fp32 (ZeRO-1: the tp, pp and 3d presets)
+the error is the backward's rounding, which averages out like the forward's: a few
+hundredths of a per cent. Where DeepSpeed sums them in bf16 (ZeRO-0, `ddp`; 6 micro-batches
+here) each addition rounds the running sum, ~0.4% x sqrt(6) = 1% of the gradient, and AdamW's
+normalisation passes it on to the small components whole: a gap of ~1% x 15%, some tenths of a
+per cent. The test asks for 2% over steps 16-20 (5x the largest measured) and that bf16
+makes at least 90% of fp32's progress. Measured (CPU, 2 cores): step 1 within 0.01%
+everywhere; steps 16-20 0.25-0.40% under ddp, at most 0.01% for the language models under tp,
+pp and 3d, 0.17% for the CNN under pp; progress 0.97-1.01.
 """
 from __future__ import annotations
 
@@ -42,6 +48,6 @@ def test_bf16_follows_fp32(run_zoo, family, layout):
     last = np.abs(bf16[-5:] - fp32[-5:]).mean() / fp32[-5:].mean()
     progress = (bf16[0] - bf16[-5:].mean()) / (fp32[0] - fp32[-5:].mean())
     print(f"{family}-{layout}: step 1 {first:.2%}, steps 16-20 {last:.2%}, progress {progress:.2f}")
-    assert first < 0.02, (first, fp32[:3], bf16[:3])
-    assert last < 0.03, (last, fp32[-5:], bf16[-5:])
-    assert progress > 0.8, (progress, fp32, bf16)
+    assert first < 0.005, (first, fp32[:3], bf16[:3])
+    assert last < 0.02, (last, fp32[-5:], bf16[-5:])
+    assert progress > 0.9, (progress, fp32, bf16)
