@@ -36,17 +36,20 @@ def test_layout_matches_one_process_over_10_steps(run_zoo, single_process, layou
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(single_process.losses()), rtol=rtol, atol=0)
 
 
-@pytest.fixture(scope="module")
-def random_hf_llama(tmp_path_factory):
+def save_random_llama(out, seed: int, **config):
+    """A randomly initialised LlamaForCausalLM of the tiny Llama's dimensions saved to `out`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out = tmp_path_factory.mktemp("hf_llama") / "model"
-    config = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(out), safe_serialization=True)
+    dims = dict(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(LlamaConfig(**{**dims, **config})).save_pretrained(str(out), safe_serialization=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def random_hf_llama(tmp_path_factory):
+    return save_random_llama(tmp_path_factory.mktemp("hf_llama") / "model", seed=0)
 
 
 def _hf_logits(directory, ids):
@@ -90,15 +93,8 @@ def test_trained_under_3d_and_exported_transformers_gives_zoos_logits(run_zoo, t
 @pytest.fixture(scope="module")
 def random_hf_tied_mqa(tmp_path_factory):
     """A LlamaForCausalLM as SmolLM builds it (tied embeddings), with one key/value head."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("hf_llama_tied") / "model"
-    config = LlamaConfig(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128,
-                         tie_word_embeddings=True)
-    torch.manual_seed(1)
-    LlamaForCausalLM(config).save_pretrained(str(out), safe_serialization=True)
-    return out
+    return save_random_llama(tmp_path_factory.mktemp("hf_llama_tied") / "model", seed=1, num_key_value_heads=1,
+                             tie_word_embeddings=True)
 
 
 def test_a_tied_multi_query_import_trains_under_tp_x_pp_as_one_process_and_exports_tied(run_zoo, random_hf_tied_mqa,

@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 
 import pytest
 import torch
 
-from tests.slurm.test_slurm import ROOT, Job, _job_processes, _losses, _wait_for, cluster
+from tests.slurm.test_slurm import ROOT, Job, _losses, _wait_for, cluster, signal_a_rank_and_wait
 
 MULTINODE = ROOT / "slurm" / "train_multinode.sbatch"
+SECOND_NODE = ("SLURMD_NODENAME", "zoo-node2")  # a rank's environment there
 CPU_NODES = ["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--overcommit"]
 TINY_GPT = ["trainer.max_steps=12", "trainer.global_batch_size=16", "trainer.micro_batch_size=4",
             "trainer.log_every=1", "trainer.progress=false", "trainer.eval_batches=1", "trainer.sample_tokens=0",
@@ -50,8 +50,8 @@ def _completed(nodes, job: Job, timeout_s: float = 240) -> dict:
 def _groups(run_dir) -> dict:
     """topology.txt's groups: kind -> [(ranks, crosses hosts)]."""
     out = {}
-    for kind, ranks, rest in re.findall(r"^(TP|PP|DP) group: \[([\d, ]+)\](.*)$", (run_dir / "topology.txt").read_text(),
-                                        re.M):
+    text = (run_dir / "topology.txt").read_text()
+    for kind, ranks, rest in re.findall(r"^(TP|PP|DP) group: \[([\d, ]+)\](.*)$", text, re.M):
         out.setdefault(kind, []).append(([int(r) for r in ranks.split(",")], "crosses hosts" in rest))
     return out
 
@@ -77,17 +77,7 @@ def test_ddp_over_two_nodes_equals_one_node(run_zoo, ddp_2x2):
 
 def test_a_killed_rank_on_the_second_node_ends_the_job(nodes, tmp_path):
     job = submit(nodes, tmp_path, [*TINY_GPT, "trainer.max_steps=100000"], per_node=2)
-    metrics = job.run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "step 2", job)
-    victim = [p for p in _job_processes(job) if p.environ().get("SLURMD_NODENAME") == "zoo-node2"]
-    assert victim, "no rank of the job on zoo-node2"
-    victim[0].kill()
-    t0 = time.monotonic()
-    info = nodes.wait(job, timeout_s=120)
-    assert info["JobState"] in ("FAILED", "CANCELLED"), (info["JobState"], job.log[-3000:])
-    assert time.monotonic() - t0 < 60
-    time.sleep(2)
-    assert not _job_processes(job), "processes of the job are left"
+    signal_a_rank_and_wait(nodes, job, SECOND_NODE, signal.SIGKILL, within_s=60, wait_s=120)
 
 
 def test_a_warned_job_requeues_and_resumes_on_both_nodes(nodes, ddp_2x2, tmp_path):
@@ -121,16 +111,6 @@ def test_a_stopped_rank_on_the_second_node_ends_the_job_and_leaves_no_process(no
     timeout_s, wait_s = 20, 10
     job = submit(nodes, tmp_path, [*TINY_GPT, "trainer.max_steps=100000", f"parallel.timeout_s={timeout_s}"],
                  per_node=2, env={"ZOO_SRUN_WAIT": str(wait_s)})
-    metrics = job.run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "step 2", job)
-    victim = [p for p in _job_processes(job) if p.environ().get("SLURMD_NODENAME") == "zoo-node2"]
-    assert victim, "no rank of the job on zoo-node2"
-    victim[0].send_signal(signal.SIGSTOP)
-    t0 = time.monotonic()
-    info = nodes.wait(job, timeout_s=timeout_s + wait_s + 90)
-    took = time.monotonic() - t0
-    assert info["JobState"] in ("FAILED", "CANCELLED"), (info["JobState"], job.log[-3000:])
-    assert took < timeout_s + 60, took
-    time.sleep(2)
-    assert not _job_processes(job), "processes of the job are left on a node"
+    signal_a_rank_and_wait(nodes, job, SECOND_NODE, signal.SIGSTOP, within_s=timeout_s + 60,
+                           wait_s=timeout_s + wait_s + 90)
     assert "Traceback" not in job.log, job.log[-3000:]

@@ -263,6 +263,24 @@ def _job_processes(job: Job) -> list:
     return found
 
 
+def signal_a_rank_and_wait(cluster: Cluster, job: Job, which: tuple, sig, *, within_s: float, wait_s: float) -> dict:
+    """Once the job logged step 2, send `sig` to its rank whose environment has which = (key,
+    value); the job must then fail within `within_s` and leave no process on any node."""
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "step 2", job)
+    victim = [p for p in _job_processes(job) if p.environ().get(which[0]) == which[1]]
+    assert victim, f"no rank of the job with {which[0]}={which[1]}"
+    victim[0].send_signal(sig)
+    t0 = time.monotonic()
+    info = cluster.wait(job, timeout_s=wait_s)
+    took = time.monotonic() - t0
+    assert info["JobState"] in ("FAILED", "CANCELLED"), (info["JobState"], job.log[-3000:])
+    assert took < within_s, took
+    time.sleep(2)
+    assert not _job_processes(job), "processes of the job are left"
+    return info
+
+
 def test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait(slurm, tmp_path):
     """kill -STOP of one rank: the others time out (parallel.timeout_s) and say so in one line
     each; srun ends the stopped one ZOO_SRUN_WAIT seconds after the first exit (Slurm's
@@ -272,17 +290,7 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait(slurm, tmp_
     timeout_s, wait_s = 20, 10
     job = slurm.submit(tmp_path, [*TINY_GPT[1:], "trainer.max_steps=100000", f"parallel.timeout_s={timeout_s}"],
                        env={"ZOO_SRUN_WAIT": str(wait_s)})
-    metrics = job.run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "step 2", job)
-    victim = [p for p in _job_processes(job) if p.environ().get("SLURM_PROCID") == "3"]
-    assert victim, "rank 3's process was not found"
-    victim[0].send_signal(signal.SIGSTOP)
-    t0 = time.monotonic()
-    info = slurm.wait(job, timeout_s=timeout_s + wait_s + 90)
-    took = time.monotonic() - t0
-    assert info["JobState"] in ("FAILED", "CANCELLED"), (info["JobState"], job.log[-3000:])
-    assert took < timeout_s + 60, took
-    time.sleep(2)
-    assert not _job_processes(job), "processes of the job are left"
+    signal_a_rank_and_wait(slurm, job, ("SLURM_PROCID", "3"), signal.SIGSTOP, within_s=timeout_s + 60,
+                           wait_s=timeout_s + wait_s + 90)
     lost = [line for line in job.log.splitlines() if "a peer rank did not answer within parallel.timeout_s" in line]
     assert lost and "/zoo/" not in job.log, job.log[-3000:]
