@@ -54,6 +54,24 @@ SLOW = {
     "waits out a collective timeout and srun's --wait; the two-node ddp run stays",
     "tests/slurm/test_multinode.py::test_a_killed_rank_on_the_second_node_ends_the_job": "the local and torchrun "
     "kill tests and the two-node ddp run stay",
+    # CI time (the default tier took 27 min of pytest on 2026-12-02): each below has a sibling that stays.
+    "tests/e2e/test_checkpoint.py::test_a_pickle_in_one_ranks_optimizer_file_is_refused_by_that_rank": "the "
+    "refusing unpickler (test_native_files_load_without_running_pickled_code) and the checksum catch "
+    "(test_checkpoint_integrity) stay",
+    "tests/e2e/test_sweeps.py::test_a_sweep_over_experiments_runs_each_pinned_combination": "the sweep over layouts "
+    "and seeds stays",
+    "tests/slurm/test_slurm.py::test_a_hydra_sweep_through_the_submitit_launcher_runs_each_layout_as_a_slurm_job":
+    "the local sweep and the sbatch jobs stay",
+    "tests/e2e/test_evaluation.py::test_a_resumed_run_keeps_the_best_loss_and_the_patience_count": "early stop and "
+    "the best checkpoint stay; resume restores every state (test_checkpoint)",
+    "tests/e2e/test_hf.py::test_a_vocabulary_tp_cannot_split_is_padded_inside_and_exported_as_it_was[gpt]": "the "
+    "llama case and the unit tests of both families' padding stay",
+    "tests/e2e/test_bert_data.py::test_bert_trains_on_a_mix_of_a_jsonl_file_and_a_saved_dataset": "BERT on prepared "
+    "data and GPT's mixtures stay",
+    "tests/e2e/test_profile.py::test_a_balanced_pipeline_is_not_named": "the unbalanced pipeline (named) and the "
+    "unit diagnosis thresholds stay",
+    "tests/e2e/test_launchers.py::test_deepspeed_launcher[as-the-readme-prints-it]": "torchrun's tests cover an "
+    "external launcher's ranks; this and [no-local-rank] run in the slow tier",
     **{f"tests/e2e/test_precision.py::test_bf16_follows_fp32[{case}]": "gpt-ddp stays (bf16 through the same "
        "engine path)" for case in ["gpt-tp", "gpt-pp", "gpt-3d", "llama-ddp", "llama-tp", "llama-pp", "llama-3d",
                                    "bert-ddp", "bert-tp", "bert-pp", "bert-3d", "cnn-ddp", "cnn-pp"]},

@@ -155,7 +155,6 @@ CHAIN = [
     (PP, "pp 2 same", 8),
     (["parallel=tp"], "pp 2 -> 1, tp 1 -> 2", 11),
     (["parallel=zero3"], "tp 2 -> 1, dp 1 -> 2, ZeRO 1 -> 3", 14),
-    (["parallel=zero3"], "ZeRO 3 same", 17),
     (["parallel=ddp"], "dp 2 -> 1, ZeRO 3 -> 0", STEPS),
 ]
 
