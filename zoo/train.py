@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -66,6 +67,7 @@ def _free_port() -> int:
 
 
 def run(dcfg: DictConfig, run_dir: str) -> None:
+    job_start = time.time()
     import torch
     from omegaconf.errors import OmegaConfBaseException
 
@@ -110,7 +112,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
             print(f"zoo: warning: {w}", file=sys.stderr, flush=True)
     from zoo.observe.startup import mark_validated
 
-    mark_validated()  # the ranks' start-up clock: from this command's start, validation ended now
+    mark_validated(job_start)  # the ranks' start-up clock: from this command's start, validation ended now
 
     if env.kind != "local":
         from zoo.worker import main as worker_main

@@ -32,6 +32,9 @@ def test_phases_follow_the_marks_from_the_commands_start(monkeypatch):
 def test_a_rank_of_an_external_launcher_measures_from_its_own_start(monkeypatch):
     monkeypatch.delenv(startup.START_ENV, raising=False)
     monkeypatch.delenv(startup.VALIDATED_ENV, raising=False)
-    startup.mark_validated()  # what zoo.train does in the rank's own process
+    monkeypatch.setattr(startup, "_jobs_started", 0)
+    startup.mark_validated(job_start=123.0)  # what zoo.train does in the rank's own process
     clock = startup.StartupClock()
     assert abs(clock.start - startup.process_start_time()) < 0.02 and [k for k, _ in clock.marks] == ["validation"]
+    startup.mark_validated(job_start=123.0)  # a local sweep's next job, in the same process: from its own start
+    assert startup.StartupClock().start == 123.0

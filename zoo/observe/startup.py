@@ -30,10 +30,17 @@ def process_start_time() -> float:
         return time.time()
 
 
-def mark_validated() -> None:
-    """In the command, once validation is over: the times its ranks measure from."""
-    os.environ.setdefault(START_ENV, repr(process_start_time()))
+_jobs_started = 0  # runs this process started (a local Hydra sweep runs its jobs one after another in it)
+
+
+def mark_validated(job_start: float) -> None:
+    """In the command, once validation is over: the times its ranks measure from. The first
+    run of a process counts from the process's start; a later one (a sweep's next job) from
+    `job_start`, when its own run began."""
+    global _jobs_started
+    os.environ[START_ENV] = repr(process_start_time() if _jobs_started == 0 else job_start)
     os.environ[VALIDATED_ENV] = repr(time.time())
+    _jobs_started += 1
 
 
 class StartupClock:
