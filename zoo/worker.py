@@ -177,7 +177,7 @@ def report_failure(err: BaseException, lost: bool) -> None:
     print(f"zoo: rank {rank} on {host} failed (exit code 1): {type(err).__name__}: {last}", file=sys.stderr, flush=True)
 
 
-def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device, clock=None) -> None:
+def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device, clock) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     from zoo.validate import resolve_layout
 
@@ -229,7 +229,7 @@ def _lock_run_dir(run_path: Path, rank: int):
 
 
 def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: torch.device,
-           training: list, clock=None) -> None:
+           training: list, clock) -> None:
     """Start and run the training; `training` gets an entry once the start is over; `clock`
     (zoo.observe.startup) the start's phases."""
     rank = dist.get_rank()
@@ -245,8 +245,7 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     task = family(cfg.model.family).task(cfg, device, layout)
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
-    if clock is not None:
-        clock.mark("data")
+    clock.mark("data")
     from zoo.checkpoint import native as native_checkpoint
     from zoo.rundir import check_space, expected_bytes
 
@@ -269,9 +268,8 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     if small_split and rank == 0:
         print(f"zoo: warning: {small_split}", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, layout, grid, task, run_path, device)
-    if clock is not None:
-        clock.mark("model")
-        trainer.startup = clock
+    clock.mark("model")
+    trainer.startup = clock
     if rank == 0:  # written once the start went through: a refused start leaves an older run's files
         from zoo.config.schema import to_yaml, with_model_shape
 

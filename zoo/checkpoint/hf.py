@@ -29,12 +29,13 @@ def family_of_hf(directory: str | Path):
     raise ConfigError(f"model.init_from={directory}: model_type {model_type!r} is not supported; the zoo imports {known}")
 
 
-def padded_meta(spec, meta: dict, multiple: int) -> dict:
+def padded_meta(spec, meta: dict, multiple: int | None) -> dict:
     """The shape fields with the vocabulary padded up to `multiple` (model.vocab_pad_multiple,
     which every tensor-parallel size divides), `vocab_real` keeping the model's own count; the
-    fields as they are where the family pads nothing or the vocabulary is a multiple already."""
+    fields as they are where no multiple is given, the family pads nothing or the vocabulary
+    is a multiple already."""
     vocab = meta["vocab_size"]
-    if not spec.hf.vocab_rows or vocab % multiple == 0:
+    if not multiple or not spec.hf.vocab_rows or vocab % multiple == 0:
         return meta
     return {**meta, "vocab_size": -(-vocab // multiple) * multiple, "vocab_real": vocab}
 
@@ -44,7 +45,7 @@ def hf_meta(directory: str | Path, pad_multiple: int | None = None):
     with `pad_multiple`, the vocabulary as the import pads it."""
     spec = family_of_hf(directory)
     meta = spec.hf.meta_from_config(json.loads((Path(directory) / "config.json").read_text()))
-    return spec, padded_meta(spec, meta, pad_multiple) if pad_multiple else meta
+    return spec, padded_meta(spec, meta, pad_multiple)
 
 
 def read_hf(directory: str | Path, family: str, pad_multiple: int | None = None) -> Tuple[dict, State]:
@@ -54,7 +55,7 @@ def read_hf(directory: str | Path, family: str, pad_multiple: int | None = None)
     if spec.name != family:
         raise ConfigError(f"model.init_from={directory} holds a {spec.name} model, not a {family}")
     meta, state = spec.hf.from_hf(Path(directory))
-    padded = padded_meta(spec, meta, pad_multiple) if pad_multiple else meta
+    padded = padded_meta(spec, meta, pad_multiple)
     extra = padded["vocab_size"] - meta["vocab_size"]
     if extra:
         state = {k: (torch.cat([v, v.new_zeros(extra, *v.shape[1:])]) if k in spec.hf.vocab_rows else v)

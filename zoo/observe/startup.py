@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 START_ENV, VALIDATED_ENV = "ZOO_START_TIME", "ZOO_VALIDATED_TIME"
 LABELS = {"validation": "imports and validation", "ranks": "ranks started", "process_group": "process group",
@@ -46,8 +46,8 @@ def mark_validated(job_start: float) -> None:
 class StartupClock:
     """One rank's marks, from the command's start."""
 
-    def __init__(self, start: Optional[float] = None):
-        self.start = start if start is not None else float(os.environ.get(START_ENV) or process_start_time())
+    def __init__(self):
+        self.start = float(os.environ.get(START_ENV) or process_start_time())
         self.marks: List[Tuple[str, float]] = []
         if os.environ.get(VALIDATED_ENV):
             self.marks.append(("validation", float(os.environ[VALIDATED_ENV])))

@@ -40,6 +40,15 @@ def _sharded_param(full_shape, spec: ShardSpec, factory) -> nn.Parameter:
     return param
 
 
+def _column_input(x: torch.Tensor, tp_group, sequence_parallel: bool) -> torch.Tensor:
+    """The whole input of a layer that computes a share of the outputs: the replicated input
+    (its gradient all-reduced in backward), or with sequence parallelism the sequence shards
+    gathered, (B, T/tp, C) -> (B, T, C) (reduce-scattered in backward)."""
+    if sequence_parallel:
+        return gather_from_sequence_parallel_region(x, tp_group)
+    return copy_to_tp_region(x, tp_group)
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W split along its output rows: each rank computes out/tp features.
 
@@ -76,10 +85,7 @@ class ColumnParallelLinear(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, self.tp_group)  # (B, T/tp, C) -> (B, T, C)
-        else:
-            x = copy_to_tp_region(x, self.tp_group)
+        x = _column_input(x, self.tp_group, self.sequence_parallel)
         y = F.linear(x, self.weight, self.bias)  # (..., out/tp)
         if not self.gather_output:
             return y
@@ -118,10 +124,7 @@ class ReplicatedHeadsLinear(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, self.tp_group)
-        else:
-            x = copy_to_tp_region(x, self.tp_group)
+        x = _column_input(x, self.tp_group, self.sequence_parallel)
         weight = copy_to_tp_region(self.weight, self.tp_group)  # the gradient: summed over the group
         return F.linear(x, weight[self.rows[0]:self.rows[1]])
 
