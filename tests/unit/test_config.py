@@ -161,6 +161,7 @@ def test_init_from_is_checked_with_the_imported_models_dimensions(tmp_path):
     padded = _hf_dir(tmp_path / "gpt2_padded", **{**GPT2_SMALL, "vocab_size": 50304})
     cases = [
         (["model.init_from=" + str(tmp_path / "nothing")], r"model.init_from=.*nothing: no such directory"),
+        (["model.init_from="], r"model.init_from is empty: give a local transformers model directory"),
         ([f"model.init_from={_weights_only(tmp_path / 'weights')}"], r"model.init_from=.*weights: no config.json there"),
         ([f"model.init_from={_bin_only(tmp_path / 'bin')}"], r"model.init_from=.*bin holds no \*.safetensors weights"),
         (["model=bert", f"model.init_from={gpt2}"], r"holds a gpt model and model.family=bert; use model=gpt"),

@@ -57,6 +57,9 @@ def check_paths(cfg, spec) -> None:
         if not any((p / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
             raise ConfigError(f"data.tokenizer={d.tokenizer} holds no tokenizer.json or tokenizer_config.json; give "
                               f"the directory a transformers tokenizer was saved to (save_pretrained)")
+    if m.init_from is not None and not m.init_from.strip():
+        raise ConfigError("model.init_from is empty: give a local transformers model directory, or drop the key "
+                          "to train from zoo's own initialisation")
     if m.init_from and _local(m.init_from):
         p = _directory("model.init_from", m.init_from, "a local transformers model directory")
         if not any(p.glob("*.safetensors")):
