@@ -126,7 +126,7 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
         multiprocessing.set_forkserver_preload(list(PRELOAD))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"zoo-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                          monitor_interval=0.5, start_method=start_method, rdzv_configs={"timeout": timeout_s})
+                          monitor_interval=0.1, start_method=start_method, rdzv_configs={"timeout": timeout_s})
     elastic_launch(config, worker_main)(cfg_yaml, run_dir, threads)
 
 

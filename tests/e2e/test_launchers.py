@@ -2,6 +2,7 @@
 the world size, and all ranks agree on rank 0's run directory."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -14,22 +15,16 @@ FAST = ["debug=fast", "trainer.progress=false"]
 
 
 def test_torchrun(run_zoo, tmp_path):
-    run_dir = tmp_path / "torchrun"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    run = run_zoo(cmd=[str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
-                       f"hydra.run.dir={run_dir}", "parallel=zero1", *FAST], run_dir=run_dir)
-    s = run.summary
-    assert (s["world_size"], s["dp"], s["zero_stage"]) == (2, 2, 1)
-
-
-def test_torchrun_ranks_agree_on_one_run_dir(run_zoo, tmp_path):
-    """Without hydra.run.dir each rank composes its own timestamped directory; rank 0's wins."""
+    """Two ranks under torchrun: world size, dp and ZeRO from the launcher; and with a
+    timestamped hydra.run.dir each rank composes its own directory name, rank 0's wins."""
     torchrun = Path(sys.executable).with_name("torchrun")
     out = tmp_path / "outputs"
     run_zoo(cmd=[str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
-                 f"hydra.run.dir={out}/" + "${now:%H-%M-%S-%f}", "parallel=ddp", *FAST], run_dir=out)
+                 f"hydra.run.dir={out}/" + "${now:%H-%M-%S-%f}", "parallel=zero1", *FAST], run_dir=out)
     dirs = [d for d in out.iterdir() if d.is_dir()]
     assert len(dirs) == 1 and (dirs[0] / "summary.json").exists(), dirs
+    s = json.loads((dirs[0] / "summary.json").read_text())
+    assert (s["world_size"], s["dp"], s["zero_stage"]) == (2, 2, 1)
 
 
 @pytest.mark.skipif(shutil.which("deepspeed", path=str(Path(sys.executable).parent)) is None,
