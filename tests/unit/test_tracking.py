@@ -111,3 +111,49 @@ def test_an_unreachable_server_falls_back_to_offline(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "could not start online" in proc.stderr and "offline" in proc.stderr
     assert len(list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+
+
+def test_the_tracker_opens_in_the_background_and_keeps_what_is_logged_meanwhile():
+    """wandb.init takes seconds: open_tracker returns at once, the steps logged while it opens
+    arrive in order, finish waits for it; an error opening it reaches the training's thread."""
+    import threading
+
+    import pytest
+
+    from zoo.observe.tracking import BackgroundTracker
+
+    calls, gate = [], threading.Event()
+
+    class Fake:
+        def log(self, values, step):
+            calls.append(("log", step, values["loss"]))
+
+        def summary(self, values):
+            calls.append(("summary", values))
+
+        def finish(self, exit_code=0):
+            calls.append(("finish", exit_code))
+
+    def start():
+        assert gate.wait(10)
+        return Fake()
+
+    tracker = BackgroundTracker(start)  # returns while start() still waits
+    for step in (1, 2):
+        tracker.log({"loss": float(step)}, step=step)
+    assert calls == []
+    gate.set()
+    tracker.wait()
+    tracker.log({"loss": 3.0}, step=3)
+    tracker.summary({"final_loss": 3.0})
+    tracker.finish(0)
+    assert calls == [("log", 1, 1.0), ("log", 2, 2.0), ("log", 3, 3.0), ("summary", {"final_loss": 3.0}), ("finish", 0)]
+
+    def broken():
+        raise RuntimeError("wandb said no")
+
+    failing = BackgroundTracker(broken)
+    with pytest.raises(RuntimeError, match="wandb said no"):
+        failing.wait()
+    with pytest.raises(RuntimeError, match="wandb said no"):
+        failing.log({"loss": 1.0}, step=1)

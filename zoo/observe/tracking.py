@@ -12,9 +12,10 @@ import dataclasses
 import netrc
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 from urllib.parse import urlparse
 
 from zoo.config.schema import Config, with_model_shape
@@ -84,8 +85,60 @@ def default_group(cfg: Config) -> str:
     return cfg.experiment or f"{cfg.model.family}-{cfg.model.size}"
 
 
+class BackgroundTracker:
+    """A tracker opened in a thread: `wandb.init` takes seconds (its import, its service
+    process), and the training's first steps need not wait for it. What is logged before it
+    is open is kept and sent in order once it is; `finish` waits for it. An error opening it
+    is raised on the training's thread at the next call."""
+
+    def __init__(self, start: Callable[[], Any]):
+        self._lock = threading.Lock()
+        self._pending: List[tuple] = []
+        self._tracker, self._error = None, None
+        self._thread = threading.Thread(target=self._open, args=(start,), name="zoo-tracker", daemon=True)
+        self._thread.start()
+
+    def _open(self, start) -> None:
+        try:
+            tracker = start()
+        except BaseException as err:  # noqa: BLE001 - re-raised on the training's thread
+            self._error = err
+            return
+        with self._lock:
+            for method, args in self._pending:
+                getattr(tracker, method)(*args)
+            self._pending.clear()
+            self._tracker = tracker
+
+    def _call(self, method: str, *args) -> None:
+        if self._error is not None:
+            raise self._error
+        with self._lock:
+            if self._tracker is None:
+                self._pending.append((method, args))
+                return
+        getattr(self._tracker, method)(*args)
+
+    def wait(self):
+        """The open tracker (joins the thread; raises what opening it raised)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._tracker
+
+    def log(self, values: Mapping[str, Any], step: int) -> None:
+        self._call("log", dict(values), step)
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        self._call("summary", dict(values))
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.wait().finish(exit_code)
+
+
 def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_config: Dict[str, Any], shape=None):
-    """A wandb run on rank 0 when logger.kind is wandb; a NullTracker otherwise."""
+    """A wandb run on rank 0 when logger.kind is wandb, opened in the background
+    (BackgroundTracker); a NullTracker otherwise."""
     lg = cfg.logger
     if lg.kind == "none" or rank != 0:
         return NullTracker()
@@ -95,8 +148,14 @@ def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_co
     # wandb's process-wide settings (its telemetry among them) read the mode from the
     # environment, not from init(): offline there too, or it reaches out to its servers.
     os.environ["WANDB_MODE"] = mode
+    return BackgroundTracker(lambda: _start_wandb(cfg, layout, run_dir, extra_config, shape, mode))
+
+
+def _start_wandb(cfg: Config, layout: Layout, run_dir: Path, extra_config: Dict[str, Any], shape, mode: str):
+    """Open the wandb run (blocking: seconds) and say where it logs."""
     import wandb
 
+    lg = cfg.logger
     id_file = Path(run_dir) / RUN_ID_FILE
     run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
 
