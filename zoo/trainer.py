@@ -23,6 +23,7 @@ from zoo.data_loading import StepLoader
 from zoo.engine import initialize_engine, micro_batching
 from zoo.families import family
 from zoo.families.task import Task
+from zoo.model_compile import compile_seconds
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
@@ -265,6 +266,7 @@ class Trainer:
         self.log.write(self.monitor.describe())
         self.loader = self.open_loader()
         started, first_step = time.perf_counter(), self.step
+        compile_start = compile_seen = compile_seconds()
         window_steps, train_time, loss = 0, 0.0, float("nan")
         bad_steps, first_bad = 0, None  # consecutive steps whose loss was not finite, the first of them
         self.monitor.start_window()
@@ -276,11 +278,18 @@ class Trainer:
                 with self.profile.step(self.step + 1):
                     local_loss = self._profiled_step()
             step_s = time.perf_counter() - t0
+            compiled, compile_seen = compile_seconds() - compile_seen, compile_seconds()
+            if compiled:  # model.compile's lazy compilation: reported, not counted as training
+                step_s -= compiled
+                self.monitor.exclude(compiled)
             train_time += step_s
             window_steps += 1
             if self.startup is not None and self.step == first_step + 1:
                 self.startup.mark("first_step")
                 self.log.write(self.startup.line())
+            if self.cfg.model.compile and self.step == first_step + 1:
+                self.log.write(f"zoo: compile: {compile_seen - compile_start:.1f} s compiling the model in the first "
+                               f"step (torch.compile, inductor); not counted in tokens/s or MFU")
             if self.profile is not None:
                 self._profile_window_end(step_s)
             evaluated = (self.periodic_evaluation() if t.eval_every and self.step % t.eval_every == 0
@@ -337,6 +346,7 @@ class Trainer:
                if self.eval_state["best"] is not None else {}),
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
             "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started,
+            **({"compile_s": compile_seconds() - compile_start} if self.cfg.model.compile else {}),
             **({"startup": self.startup.phases()} if self.startup is not None else {})}
         self.log.summary(summary)
         if self.rank == 0:

@@ -50,6 +50,10 @@ class ModelConfig:
     """Dropout on embeddings, attention and residual branches. Range: in [0, 1)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
+    compile: bool = False
+    """torch.compile the model (zoo.model_compile): the whole model, or under pp each block.
+    The compile time is logged and in summary.json (`compile_s`), not counted in tokens/s.
+    Inductor needs a C++ compiler on CPU (Triton on GPU)."""
     init_from: Optional[str] = None
     """A local Hugging Face directory (or Hub name) to initialise the weights from."""
 

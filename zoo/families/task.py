@@ -56,6 +56,10 @@ class Task:
             from zoo.checkpoint.consolidate import assign_full_weights
 
             assign_full_weights(model, self.init_state)
+        if self.cfg.model.compile:
+            from zoo.model_compile import compile_model
+
+            compile_model(model)
         return model
 
     def plain_model(self) -> nn.Module:

@@ -64,6 +64,8 @@ class CommTimer:
     def _timed(self, name: str, fn):
         @functools.wraps(fn)
         def timed(*args, **kwargs):
+            if torch.compiler.is_compiling():  # inside a model.compile graph: traced, not timed from Python
+                return fn(*args, **kwargs)
             if not self.counting or getattr(self._nested, "on", False):  # e.g. all_gather_object -> all_gather
                 return fn(*args, **kwargs)
             self._nested.on = True

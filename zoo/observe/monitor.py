@@ -212,6 +212,10 @@ class Monitor:
         self._window_start, self._data_wait = time.perf_counter(), 0.0
         self.comm.reset()
 
+    def exclude(self, seconds: float) -> None:
+        """Take `seconds` of the current window out of its step time (model.compile's compilation)."""
+        self._window_start += seconds
+
     @contextlib.contextmanager
     def outside_step(self):
         """Work between steps (a periodic evaluation): neither its time nor its collectives

@@ -13,14 +13,18 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from zoo.models.losses import cross_entropy_per_token, masked_mean
 from zoo.parallel.mappings import group_rank, group_size
 
 
 def _all_reduce(x: torch.Tensor, op, group) -> torch.Tensor:
-    if group_size(group) > 1:
-        dist.all_reduce(x, op=op, group=group)
+    if group_size(group) == 1:
+        return x
+    if torch.compiler.is_compiling():  # model.compile: the functional form dynamo traces (zoo.parallel.mappings)
+        return funcol.all_reduce(x, "max" if op == dist.ReduceOp.MAX else "sum", group)
+    dist.all_reduce(x, op=op, group=group)
     return x
 
 

@@ -5,12 +5,14 @@ all-reduce forward is an identity backward, a gather forward is a split backward
 built from four private primitives shared by both directions. Process groups are passed
 explicitly; `group=None` or a group of size 1 means no communication at all, the input is
 returned unchanged. Collectives are looked up on `torch.distributed` at call time (so
-tests can count them). Activations are (B, T, C): the sequence dimension is dim 1.
+tests can count them); inside a `model.compile` graph they are the functional collectives,
+which dynamo traces (its rewrite of the in-place ones fails on ReduceOp). Activations are (B, T, C): the sequence dimension is dim 1.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 SEQUENCE_DIM = 1
 
@@ -36,6 +38,8 @@ def _reduce(x: torch.Tensor, group) -> torch.Tensor:
     """Sum over the group. all_reduce works in place: reduce a copy, never the caller's tensor."""
     if group_size(group) == 1:
         return x
+    if torch.compiler.is_compiling():  # model.compile: the functional form, which dynamo traces into the graph
+        return funcol.all_reduce(x, "sum", group)
     x = x.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(x, group=group)
     return x
@@ -57,8 +61,11 @@ def _gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
         return x
     dim %= x.dim()
     # The collectives concatenate along dim 0 (gloo accepts only that form, not a stack).
-    out = x.new_empty((world * x.shape[0], *x.shape[1:]))
-    dist.all_gather_single(out, x.contiguous(), group=group)
+    if torch.compiler.is_compiling():
+        out = funcol.all_gather_tensor(x.contiguous(), 0, group)
+    else:
+        out = x.new_empty((world * x.shape[0], *x.shape[1:]))
+        dist.all_gather_single(out, x.contiguous(), group=group)
     return out.unflatten(0, (world, x.shape[0])).movedim(0, dim).flatten(dim, dim + 1)
 
 
@@ -70,6 +77,8 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     dim %= x.dim()
     n = _local_size(x, dim, world)
     stacked = x.unflatten(dim, (world, n)).movedim(dim, 0).contiguous()  # (world, ..., n, ...)
+    if torch.compiler.is_compiling():
+        return funcol.reduce_scatter_tensor(stacked.flatten(0, 1), "sum", 0, group)
     out = x.new_empty(stacked.shape[1:])
     # gloo implements reduce_scatter_single on CPU in torch 2.13, so no backend branch.
     dist.reduce_scatter_single(out, stacked.flatten(0, 1), group=group)
