@@ -12,20 +12,9 @@ import functools
 from typing import Callable
 
 import torch
-import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from zoo.models.losses import cross_entropy_per_token, masked_mean
-from zoo.parallel.mappings import group_rank, group_size
-
-
-def _all_reduce(x: torch.Tensor, op, group) -> torch.Tensor:
-    if group_size(group) == 1:
-        return x
-    if torch.compiler.is_compiling():  # model.compile: the functional form dynamo traces (zoo.parallel.mappings)
-        return funcol.all_reduce(x, "max" if op == dist.ReduceOp.MAX else "sum", group)
-    dist.all_reduce(x, op=op, group=group)
-    return x
+from zoo.parallel.mappings import all_reduce, group_rank
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -38,18 +27,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         vocab_start = group_rank(group) * vocab_per_rank
 
         # 1. The max logit over the full vocabulary, subtracted for numerical stability.
-        logits_max = _all_reduce(logits.max(dim=-1).values, dist.ReduceOp.MAX, group)  # (...)
+        logits_max = all_reduce(logits.max(dim=-1).values, group, "max")  # (...)
         logits = logits - logits_max.unsqueeze(-1)
 
         # 2. The target's logit: the rank owning the target id contributes it, the others 0.
         foreign = (target < vocab_start) | (target >= vocab_start + vocab_per_rank)
         local_target = (target - vocab_start).masked_fill(foreign, 0)
         predicted = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(foreign, 0.0)
-        predicted = _all_reduce(predicted, dist.ReduceOp.SUM, group)
+        predicted = all_reduce(predicted, group)
 
         # 3. The sum of exponentials over the full vocabulary.
         exp_logits = logits.exp()
-        sum_exp = _all_reduce(exp_logits.sum(dim=-1), dist.ReduceOp.SUM, group)
+        sum_exp = all_reduce(exp_logits.sum(dim=-1), group)
 
         ignored = target == ignore_index
         loss = (sum_exp.log() - predicted).masked_fill(ignored, 0.0)

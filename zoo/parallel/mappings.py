@@ -34,15 +34,21 @@ def _local_size(x: torch.Tensor, dim: int, world: int) -> int:
     return x.shape[dim] // world
 
 
-def _reduce(x: torch.Tensor, group) -> torch.Tensor:
-    """Sum over the group. all_reduce works in place: reduce a copy, never the caller's tensor."""
+def all_reduce(x: torch.Tensor, group, op: str = "sum") -> torch.Tensor:
+    """The sum (or "max") of `x` over the group, as a new tensor: dist.all_reduce works in
+    place, so it reduces a copy, never the caller's tensor. Inside a model.compile graph it
+    is the functional collective, which dynamo traces (its rewrite of the in-place call fails
+    on the ReduceOp argument and sends the whole forward back to eager)."""
     if group_size(group) == 1:
         return x
-    if torch.compiler.is_compiling():  # model.compile: the functional form, which dynamo traces into the graph
-        return funcol.all_reduce(x, "sum", group)
+    if torch.compiler.is_compiling():
+        return funcol.all_reduce(x, op, group)
     x = x.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(x, group=group)
+    dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op], group=group)
     return x
+
+
+_reduce = all_reduce  # the sum, as the mappings below use it
 
 
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:

@@ -17,6 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from zoo.parallel.mappings import all_reduce
+
 
 def parallelize(model: nn.Module, *, plan=None, tp_group=None, dp_group=None, sequence_parallel: bool = False,
                 device: torch.device = torch.device("cpu")) -> nn.Module:
@@ -41,15 +43,11 @@ class _SumOverGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
+        return all_reduce(x, group)  # a copy; the functional collective inside a model.compile graph
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return all_reduce(grad, ctx.group), None
 
 
 class SyncBatchNorm(nn.BatchNorm2d):
