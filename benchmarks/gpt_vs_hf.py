@@ -4,8 +4,13 @@ with a plain torch loop, same dimensions, batch, AdamW, dtype and thread count, 
 
     python benchmarks/gpt_vs_hf.py [--layers 4 --embd 256 --heads 4 --block 256 --batch 8 --steps 20]
     python benchmarks/gpt_vs_hf.py --family llama [--kv-heads 2 --inter 704]   # GQA, SwiGLU, RoPE
+    python benchmarks/gpt_vs_hf.py --compile [--layers 6 --embd 384 --heads 6]  # zoo also with model.compile
 
-Prints tokens/s of both and the ratio zoo / HF (target >= 1.0: the engine adds no overhead).
+Prints tokens/s of each and the ratios zoo / HF and, for the GPT, zoo / a nanoGPT-style
+model in a plain loop (benchmarks/nanogpt_loop.py). With --compile zoo runs twice, eager
+and compiled (as model.compile does it; compilation in the warm-up, not timed), against
+the eager references: the targets are >= 1.0 eager and, compiled, >= 1.5x HF and >= 1.2x
+the nanoGPT loop.
 """
 from __future__ import annotations
 
@@ -23,21 +28,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def interleaved(steps_a, steps_b, steps: int, rounds: int = 5, warmup: int = 2):
-    """Median seconds per step of a and b, timed in alternating rounds so that a busy
-    machine slows both alike."""
+def interleaved(steps: dict, steps_per_round: int, rounds: int = 5, warmup: int = 2) -> dict:
+    """Median seconds per step of each of `steps` (name -> fn), timed in alternating rounds so
+    that a busy machine slows all alike."""
     for _ in range(warmup):
-        steps_a()
-        steps_b()
-    per_round = max(1, steps // rounds)
-    times = {0: [], 1: []}
+        for step in steps.values():
+            step()
+    times = {name: [] for name in steps}
     for _ in range(rounds):
-        for i, step in enumerate((steps_a, steps_b)):
+        for name, step in steps.items():
             t0 = time.perf_counter()
-            for _ in range(per_round):
+            for _ in range(steps_per_round):
                 step()
-            times[i].append((time.perf_counter() - t0) / per_round)
-    return [sorted(t)[len(t) // 2] for t in (times[0], times[1])]
+            times[name].append((time.perf_counter() - t0) / steps_per_round)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def main() -> None:
@@ -53,6 +57,7 @@ def main() -> None:
     p.add_argument("--family", choices=["gpt", "llama"], default="gpt")
     p.add_argument("--kv-heads", type=int, default=2, help="llama: grouped-query attention's key/value heads")
     p.add_argument("--inter", type=int, default=704, help="llama: the SwiGLU MLP's intermediate size")
+    p.add_argument("--compile", action="store_true", help="zoo also compiled (model.compile)")
     a = p.parse_args()
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import deepspeed
@@ -72,34 +77,54 @@ def main() -> None:
 
     shape, hf, name = models(a)
     hf = hf.to(dtype)
-    model = build_model(shape, seed=0, device=torch.device("cpu"))
     ds = {"train_batch_size": a.batch, "train_micro_batch_size_per_gpu": a.batch, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1, "torch_adam": True}},
           "bf16": {"enabled": a.dtype == "bf16"}, "zero_optimization": {"stage": 0}, "steps_per_print": 10**9}
-    engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=param_groups(model, 0.1))
 
-    def zoo_step():
-        loss = engine(x, y)
-        engine.backward(loss)
-        engine.step()
+    def zoo_step_of(compiled: bool):
+        model = build_model(shape, seed=0, device=torch.device("cpu"))
+        if compiled:
+            from zoo.model_compile import compile_model
 
-    opt = torch.optim.AdamW(param_groups(hf, 0.1), lr=1e-4)
+            compile_model(model)
+        engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=param_groups(model, 0.1))
 
-    def hf_step():
-        loss = hf(input_ids=x, labels=y).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        def zoo_step():
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+        return zoo_step
 
-    hf_s, zoo_s = interleaved(hf_step, zoo_step, a.steps)
-    hf_tps, zoo_tps = a.batch * a.block / hf_s, a.batch * a.block / zoo_s
+    def plain_step_of(model, loss_of):
+        opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4)
+
+        def step():
+            loss = loss_of(model)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    steps = {name: plain_step_of(hf, lambda m: m(input_ids=x, labels=y).loss)}
+    if a.family == "gpt":
+        from nanogpt_loop import NanoGPT
+
+        nano = NanoGPT(vocab=a.vocab, block=a.block, layers=a.layers, embd=a.embd, heads=a.heads).to(dtype)
+        steps["nanoGPT loop"] = plain_step_of(nano, lambda m: m(x, y))
+    steps["zoo"] = zoo_step_of(False)
+    if a.compile:
+        steps["zoo compiled"] = zoo_step_of(True)
+    per_step = interleaved(steps, max(1, a.steps // 5))
+    tps = {n: a.batch * a.block / s for n, s in per_step.items()}
     extra = f" KV={a.kv_heads} FFN={a.inter}" if a.family == "llama" else ""
     print(f"{a.family} L={a.layers} C={a.embd} H={a.heads}{extra} T={a.block} V={a.vocab}, batch {a.batch}, "
           f"{a.dtype}, {threads} threads, median of 5 alternating rounds over {a.steps} steps each")
-    print(f"huggingface {name} + torch AdamW: {hf_tps:,.0f} tokens/s")
-    print(f"zoo {a.family} + DeepSpeed engine: {zoo_tps:,.0f} tokens/s")
-    print(f"ratio zoo / huggingface: {zoo_tps / hf_tps:.3f}")
+    for n, v in tps.items():
+        print(f"{n:>24}: {v:,.0f} tokens/s")
+    for mine in [n for n in tps if n.startswith("zoo")]:
+        for ref in [n for n in tps if not n.startswith("zoo")]:
+            print(f"ratio {mine} / {ref}: {tps[mine] / tps[ref]:.3f}")
 
 
 def models(a):
