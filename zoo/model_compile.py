@@ -67,9 +67,10 @@ def compile_seconds() -> float:
 
 def compile_model(module: nn.Module) -> int:
     """Compile this rank's model in place; the number of modules compiled. The whole model;
-    under pipeline parallelism each of the stage's blocks (its layers' code is one function,
-    StageLayer.forward, for every kind of layer: compiled whole it recompiles per layer kind
-    and grad mode until dynamo's limit sends it back to eager, 0.23x eager measured)."""
+    under pipeline parallelism the module of each of the stage's layers that is a module's
+    own forward or a block (the layers' wrapper, StageLayer.forward, is one function for
+    every kind of layer: compiled, it recompiled per layer kind and grad mode until dynamo's
+    limit sent it back to eager, 0.23x eager measured)."""
     from zoo.parallel.pipeline import StageLayer
 
     _install_callbacks()
@@ -77,7 +78,9 @@ def compile_model(module: nn.Module) -> int:
     if not stage_layers:
         module.compile()
         return 1
-    blocks = [layer.get_submodule(layer.layer.paths[0]) for layer in stage_layers if layer.layer.checkpointable]
+    # a layer that is its module's own forward (a GPT block, a ResNet block) or a checkpointable block
+    blocks = [layer.get_submodule(layer.layer.paths[0]) for layer in stage_layers
+              if layer.layer.checkpointable or layer.layer.run is None]
     for block in blocks:
         block.compile()
     return len(blocks)

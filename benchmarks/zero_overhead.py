@@ -1,0 +1,76 @@
+"""ZeRO stages against ZeRO-0 at dp=2, and DeepSpeed's settings that might close the gap.
+
+    python benchmarks/zero_overhead.py [--rounds 2] [--steps 20]
+
+Each variant is `python -m zoo.train` (GPT 4 layers d256, block 256, 2 ranks, micro-batch 4,
+global 16: 2 micro-batches per rank per step) for --steps steps; tokens/s is the run's own
+(summary.json, start-up excluded) and the peak memory its rank 0's; variants run in
+alternating rounds, and the table gives the median and the ratio to ZeRO-0. Settings tried:
+`overlap_comm` (off by default for stages 1-2), a reduce bucket of 5e6 elements instead of
+5e8, `round_robin_gradients`. Target: ZeRO-1/2 within 5% of ZeRO-0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ZO = "+deepspeed.zero_optimization"
+VARIANTS = {
+    "zero0 (ddp)": ["parallel=ddp"],
+    "zero1": ["parallel=zero1"],
+    "zero2": ["parallel=zero2"],
+    "zero2 overlap_comm": ["parallel=zero2", f"{ZO}.overlap_comm=true"],
+    "zero2 bucket 5e6": ["parallel=zero2", f"{ZO}.reduce_bucket_size=5000000",
+                         f"{ZO}.allgather_bucket_size=5000000"],
+    "zero1 round_robin": ["parallel=zero1", f"{ZO}.round_robin_gradients=true"],
+    "zero3": ["parallel=zero3"],
+}
+MODEL = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "model.block_size=256", "trainer.micro_batch_size=4",
+         "trainer.global_batch_size=16", "trainer.sample_tokens=0", "trainer.eval_batches=1", "logger=none",
+         "optim.warmup_steps=1", "trainer.progress=false"]
+
+
+def one(args: list, steps: int, root: Path) -> dict:
+    run_dir = root / f"run-{time.time_ns()}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    subprocess.run([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *MODEL, *args,
+                    f"trainer.max_steps={steps}", f"trainer.log_every={steps}"],
+                   cwd=REPO, env=env, check=True, capture_output=True)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--only", nargs="*", help="variant names to run (default: all)")
+    a = p.parse_args()
+    variants = {k: v for k, v in VARIANTS.items() if not a.only or k in a.only or k == "zero0 (ddp)"}
+    tps = {k: [] for k in variants}
+    peak = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(a.rounds):
+            for name, args in variants.items():
+                s = one(args, a.steps, Path(tmp))
+                tps[name].append(s["tokens_per_s"])
+                peak[name] = s["peak_mem_bytes"]
+    base = statistics.median(tps["zero0 (ddp)"])
+    print(f"GPT L=4 C=256 T=256, dp=2, micro 4 x accum 2, {a.steps} steps, {a.rounds} alternating rounds, "
+          f"1 thread per rank")
+    print(f"{'variant':<22} {'tokens/s':>9} {'/zero0':>7} {'rank-0 peak MiB':>16}")
+    for name in variants:
+        med = statistics.median(tps[name])
+        print(f"{name:<22} {med:9,.0f} {med / base:7.3f} {peak[name] / 2**20:16,.0f}   "
+              f"(rounds: {', '.join(f'{t:,.0f}' for t in tps[name])})")
+
+
+if __name__ == "__main__":
+    main()
