@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ZO = "+deepspeed.zero_optimization"
 VARIANTS = {
-    "zero0 (ddp)": ["parallel=ddp"],
+    "zero0 (ddp)": ["parallel=ddp", "parallel.dp=2"],
     "zero1": ["parallel=zero1"],
     "zero2": ["parallel=zero2"],
     "zero2 overlap_comm": ["parallel=zero2", f"{ZO}.overlap_comm=true"],
