@@ -7,7 +7,7 @@ reductions), not the maths: the two runs agree to float32 rounding compounded ov
 AdamW steps. Each run compiles on every rank (inductor's on-disk cache makes a repeated graph cheaper).
 The default tier compiles GPT under tp, the case with the most machinery in the graph
 (TP's autograd Functions and the vocab-parallel loss, whose collectives become functional
-collectives when traced); the slow tier holds the other layouts and families.
+collectives when traced); the slow tier (tests/conftest.py SLOW) holds the other layouts and families.
 """
 from __future__ import annotations
 
@@ -21,17 +21,11 @@ STEPS = ["debug=fast", "trainer.max_steps=10", "trainer.global_batch_size=12", "
 LAYOUTS = {"ddp": ["parallel=ddp"], "zero1": ["parallel=zero1"], "zero2": ["parallel=zero2"],
            "zero3": ["parallel=zero3"], "tp": ["parallel=tp"], "sp": ["parallel=tp", "parallel.sequence_parallel=true"],
            "pp": ["parallel=pp"], "3d": ["parallel=3d", "trainer.micro_batch_size=1"]}
-DEFAULT_TIER = {("gpt", "tp")}
 CASES = [*((f, layout) for f in ("gpt", "llama") for layout in LAYOUTS),
          ("bert", "tp"), ("bert", "pp"), ("cnn", "ddp"), ("cnn", "pp")]
 
 
-def _case(family, layout):
-    marks = () if (family, layout) in DEFAULT_TIER else (pytest.mark.slow,)
-    return pytest.param(family, layout, marks=marks, id=f"{family}-{layout}")
-
-
-@pytest.mark.parametrize("family, layout", [_case(f, p) for f, p in CASES])
+@pytest.mark.parametrize("family, layout", CASES, ids=[f"{f}-{p}" for f, p in CASES])
 def test_compiled_run_matches_eager(run_zoo, family, layout):
     args = [f"model={family}", *LAYOUTS[layout], *STEPS]
     eager, compiled = run_zoo(*args), run_zoo(*args, "model.compile=true")
