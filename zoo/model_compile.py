@@ -5,8 +5,9 @@ The rank's whole module (the model, or its pipeline stage) is compiled in place 
 stages are the eager model's. The whole model, not each block: measured on 2 CPU cores
 (tiny GPT, 4 layers d256, batch 8 x 256, one process), compiling each block ran a step in
 871 ms against 832 eager, the whole model in 705 (the head's logits and the loss fuse).
-Where dynamo cannot trace a call (a collective in a TP mapping, ZeRO-3's parameter hooks)
-it breaks the graph there and runs that call eagerly: slower than one graph, never wrong.
+The TP collectives are traced (zoo.parallel.mappings.all_reduce). Where dynamo cannot
+trace a call (ZeRO-3's parameter hooks) it breaks the graph there and runs that call
+eagerly: slower than one graph, never wrong.
 
 Compilation happens lazily, at the first forward and backward of each graph (and again
 for a new input shape or for evaluation's no-grad mode). Its wall time is collected from

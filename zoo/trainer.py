@@ -278,7 +278,8 @@ class Trainer:
                 with self.profile.step(self.step + 1):
                     local_loss = self._profiled_step()
             step_s = time.perf_counter() - t0
-            compiled, compile_seen = compile_seconds() - compile_seen, compile_seconds()
+            compiled_until = compile_seconds()
+            compiled, compile_seen = compiled_until - compile_seen, compiled_until
             if compiled:  # model.compile's lazy compilation: reported, not counted as training
                 step_s -= compiled
                 self.monitor.exclude(compiled)

@@ -51,7 +51,7 @@ class ModelConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
     compile: bool = False
-    """torch.compile the model (zoo.model_compile): the whole model, or under pp each block.
+    """torch.compile the model (zoo.model_compile): the whole model, or under pp each layer's module.
     The compile time is logged and in summary.json (`compile_s`), not counted in tokens/s.
     Inductor needs a C++ compiler on CPU (Triton on GPU)."""
     init_from: Optional[str] = None

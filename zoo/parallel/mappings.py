@@ -2,11 +2,11 @@
 
 Each mapping is an autograd Function whose backward is the adjoint of its forward (an
 all-reduce forward is an identity backward, a gather forward is a split backward, ...),
-built from four private primitives shared by both directions. Process groups are passed
+built from four primitives shared by both directions. Process groups are passed
 explicitly; `group=None` or a group of size 1 means no communication at all, the input is
 returned unchanged. Collectives are looked up on `torch.distributed` at call time (so
 tests can count them); inside a `model.compile` graph they are the functional collectives,
-which dynamo traces (its rewrite of the in-place ones fails on ReduceOp). Activations are (B, T, C): the sequence dimension is dim 1.
+which dynamo traces (`all_reduce`). Activations are (B, T, C): the sequence dimension is dim 1.
 """
 from __future__ import annotations
 
@@ -46,9 +46,6 @@ def all_reduce(x: torch.Tensor, group, op: str = "sum") -> torch.Tensor:
     x = x.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op], group=group)
     return x
-
-
-_reduce = all_reduce  # the sum, as the mappings below use it
 
 
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
@@ -101,7 +98,7 @@ class _CopyToTPRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce(grad, ctx.group), None
+        return all_reduce(grad, ctx.group), None
 
 
 class _ReduceFromTPRegion(torch.autograd.Function):
@@ -109,7 +106,7 @@ class _ReduceFromTPRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        return _reduce(x, group)
+        return all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, grad):
