@@ -29,19 +29,24 @@ def _free_port() -> int:
 
 
 def interleaved(steps: dict, steps_per_round: int, rounds: int = 5, warmup: int = 2) -> dict:
-    """Median seconds per step of each of `steps` (name -> fn), timed in alternating rounds so
-    that a busy machine slows all alike."""
+    """Seconds per step of each of `steps` (name -> fn) in every round, timed in alternating
+    rounds (the order reversed every other round) so that a busy machine slows all alike."""
     for _ in range(warmup):
         for step in steps.values():
             step()
     times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
+    for r in range(rounds):
+        for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
             t0 = time.perf_counter()
             for _ in range(steps_per_round):
-                step()
+                steps[name]()
             times[name].append((time.perf_counter() - t0) / steps_per_round)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return times
+
+
+def median(values) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
 
 
 def main() -> None:
@@ -53,6 +58,7 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds; --steps are split across them")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--family", choices=["gpt", "llama"], default="gpt")
     p.add_argument("--kv-heads", type=int, default=2, help="llama: grouped-query attention's key/value heads")
@@ -64,7 +70,7 @@ def main() -> None:
 
     from zoo import lean_start
     from zoo.build import build_model
-    from zoo.engine import param_groups
+    from zoo.engine import param_groups, skip_single_replica_allreduce
 
     lean_start.skip_shm_comm_op()  # as zoo's ranks start
     lean_start.skip_muon_import({})
@@ -88,6 +94,7 @@ def main() -> None:
 
             compile_model(model)
         engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=param_groups(model, 0.1))
+        skip_single_replica_allreduce(engine, dp=1)  # as zoo's initialize_engine does
 
         def zoo_step():
             loss = engine(x, y)
@@ -115,16 +122,18 @@ def main() -> None:
     steps["zoo"] = zoo_step_of(False)
     if a.compile:
         steps["zoo compiled"] = zoo_step_of(True)
-    per_step = interleaved(steps, max(1, a.steps // 5))
-    tps = {n: a.batch * a.block / s for n, s in per_step.items()}
+    times = interleaved(steps, max(1, a.steps // a.rounds), rounds=a.rounds)
+    tps = {n: a.batch * a.block / median(t) for n, t in times.items()}
     extra = f" KV={a.kv_heads} FFN={a.inter}" if a.family == "llama" else ""
     print(f"{a.family} L={a.layers} C={a.embd} H={a.heads}{extra} T={a.block} V={a.vocab}, batch {a.batch}, "
-          f"{a.dtype}, {threads} threads, median of 5 alternating rounds over {a.steps} steps each")
+          f"{a.dtype}, {threads} threads, median of {a.rounds} alternating rounds over {a.steps} steps each")
     for n, v in tps.items():
         print(f"{n:>24}: {v:,.0f} tokens/s")
     for mine in [n for n in tps if n.startswith("zoo")]:
         for ref in [n for n in tps if not n.startswith("zoo")]:
-            print(f"ratio {mine} / {ref}: {tps[mine] / tps[ref]:.3f}")
+            paired = sorted(b / m for m, b in zip(times[mine], times[ref]))  # the same round's two timings
+            print(f"ratio {mine} / {ref}: {tps[mine] / tps[ref]:.3f}   (per round: median {median(paired):.3f}, "
+                  f"{sum(r >= 1 for r in paired)} of {len(paired)} rounds >= 1, range {paired[0]:.3f}-{paired[-1]:.3f})")
 
 
 def models(a):

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from zoo.models.init import init_parameters
+from zoo.models.meta import on_meta
 from zoo.parallel.parallelize import parallelize
 from zoo.parallel.plans import sum_sequence_parallel_norm_grads, tie_parameters
 from zoo.parallel.topology import Layout
@@ -26,7 +27,7 @@ def _family(shape):
 
 def count_parameters(shape) -> int:
     """Parameters of the full (unsharded) model, counted on the meta device."""
-    with torch.device("meta"):
+    with on_meta():
         model = _family(shape).model(shape)
     return sum(p.numel() for p in model.parameters())
 
@@ -54,7 +55,7 @@ def materialise(module: nn.Module, shape, *, seed: int, device: torch.device, tp
 def build_model(shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                 sequence_parallel: bool = False, activation_checkpointing: bool = False) -> nn.Module:
     """This rank's whole model (no pipeline), of the family `shape` belongs to."""
-    with torch.device("meta"):
+    with on_meta():
         model = _family(shape).model(shape)
     materialise(model, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
                 sequence_parallel=sequence_parallel)
@@ -69,7 +70,7 @@ def build_pipeline(shape, layout: Layout, *, seed: int, device: torch.device, tp
     from zoo.parallel.pipeline import pipeline_module
 
     spec = _family(shape)
-    with torch.device("meta"):
+    with on_meta():
         meta_model = spec.model(shape)
     build = functools.partial(materialise, shape=shape, seed=seed, device=device, tp_group=tp_group,
                               dp_group=dp_group, sequence_parallel=sequence_parallel)

@@ -91,7 +91,25 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
                                            model_parameters=param_groups(model, cfg.optim.weight_decay),
                                            lr_scheduler=lr_scheduler(cfg),
                                            mpu=None if isinstance(model, PipelineModule) else grid)
+    skip_single_replica_allreduce(engine, layout.dp)
     return engine
+
+
+def skip_single_replica_allreduce(engine, dp: int) -> bool:
+    """With one data-parallel replica, ZeRO-0 and fp32, DeepSpeed's gradient all-reduce is the
+    identity done the long way: every gradient flattened into one buffer, scaled by 1/1,
+    all-reduced over one rank and copied back (the tiny Llama's 20 MB each way, every step).
+    Switch it off there; a pipeline's tied-weight all-reduce across stages is a separate call
+    and stays. True where it was switched off."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    if dp != 1 or engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled() or engine.fp16_enabled():
+        return False
+    if isinstance(engine, PipelineEngine):
+        engine.pipeline_enable_backward_allreduce = False
+    else:
+        engine.enable_backward_allreduce = False
+    return True
 
 
 def schedule_steps(cfg: Config) -> int:

@@ -90,29 +90,32 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # torch's own kernel: one call forward and back
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()  # in float32, as transformers' LlamaRMSNorm
         return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 @functools.lru_cache(maxsize=16)
 def _rope_tables(T: int, d: int, theta: float, device: torch.device, dtype: torch.dtype) -> tuple:
-    """cos and sin, (T, head_dim), of positions 0..T-1: computed once per length, not per layer."""
+    """cos and the signed sin, (T, head_dim), of positions 0..T-1: computed once per length,
+    not per layer. The sin's first half is negated, so that rotating half of q is a roll."""
     with torch.no_grad():
         inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
         freqs = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = emb.sin()
+        sin[:, : d // 2].neg_()
+        return emb.cos().to(dtype), sin.to(dtype)
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple:
-    """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1."""
-    cos, sin = _rope_tables(q.shape[-2], q.shape[-1], float(theta), q.device, q.dtype)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1:
+    x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x, d/2) * signed sin (the
+    same products, bit for bit; a roll's backward is a roll, where a cat's is a split and a cat)."""
+    d = q.shape[-1]
+    cos, signed_sin = _rope_tables(q.shape[-2], d, float(theta), q.device, q.dtype)
+    return q * cos + q.roll(d // 2, -1) * signed_sin, k * cos + k.roll(d // 2, -1) * signed_sin
 
 
 class LlamaAttention(nn.Module):

@@ -53,7 +53,9 @@ def counted_flops_per_sample(task) -> tuple[Optional[float], str]:
     import numpy as np
 
     x, _ = task.collate("train", np.zeros(1, dtype=np.int64))
-    with torch.device("meta"):
+    from zoo.models.meta import on_meta
+
+    with on_meta():
         model = task.plain_model()
     return 3 * forward_flops(model, x.to("meta")), "3 x one forward pass, counted"
 

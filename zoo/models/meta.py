@@ -1,0 +1,37 @@
+"""Building a module on the meta device without filling it.
+
+A meta tensor holds no values, so `torch.nn.init`'s fills on one do nothing, yet the first of
+them costs seconds: the meta kernel of `normal_` is a Python reference that imports
+`torch._dynamo` (2.4 s on 2 cores). `on_meta()` builds with those fills switched off, as
+transformers' `no_init_weights` does; the real values come later (`zoo.models.init`, or a
+checkpoint)."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+import torch.nn.init as nn_init
+
+_FILLS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+          "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+_lock = threading.RLock()
+
+
+def _keep(tensor, *args, **kwargs):
+    return tensor
+
+
+@contextlib.contextmanager
+def on_meta():
+    """Modules built inside are on the meta device, their `torch.nn.init` fills skipped."""
+    with _lock:
+        saved = {name: getattr(nn_init, name) for name in _FILLS if hasattr(nn_init, name)}
+        try:
+            for name in saved:
+                setattr(nn_init, name, _keep)
+            with torch.device("meta"):
+                yield
+        finally:
+            for name, fn in saved.items():
+                setattr(nn_init, name, fn)
