@@ -7,7 +7,8 @@ global 16: 2 micro-batches per rank per step) for --steps steps; tokens/s is the
 (summary.json, start-up excluded) and the peak memory its rank 0's; variants run in
 alternating rounds, and the table gives the median and the ratio to ZeRO-0. Settings tried:
 `overlap_comm` (off by default for stages 1-2), a reduce bucket of 5e6 elements instead of
-5e8, `round_robin_gradients`. Target: ZeRO-1/2 within 5% of ZeRO-0.
+5e8, `round_robin_gradients`, `reduce_scatter` off (an all-reduce of
+the bucket instead of one reduce per rank's partition), `contiguous_gradients` off. Target: ZeRO-1/2 within 5% of ZeRO-0.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ VARIANTS = {
     "zero2 bucket 5e6": ["parallel=zero2", f"{ZO}.reduce_bucket_size=5000000",
                          f"{ZO}.allgather_bucket_size=5000000"],
     "zero1 round_robin": ["parallel=zero1", f"{ZO}.round_robin_gradients=true"],
+    "zero2 reduce_scatter off": ["parallel=zero2", f"{ZO}.reduce_scatter=false"],
+    "zero2 contiguous off": ["parallel=zero2", f"{ZO}.contiguous_gradients=false"],
+    "zero1 reduce_scatter off": ["parallel=zero1", f"{ZO}.reduce_scatter=false"],
     "zero3": ["parallel=zero3"],
 }
 MODEL = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "model.block_size=256", "trainer.micro_batch_size=4",

@@ -62,11 +62,9 @@ class CausalLMTask(Task):
             self.tokenizer.save_pretrained(str(run_dir / "tokenizer"))
 
     def _prepare_documents(self, run_dir: Path, rank: int) -> None:
-        from transformers import AutoTokenizer
-
         from data_pipelines.lm import load_packed_blocks, prepare_packed_blocks
         from data_pipelines.text_sources import read_documents
-        from data_pipelines.tokenizer import load_tokenizer, train_gpt_tokenizer
+        from data_pipelines.tokenizer import LazyTokenizer, load_tokenizer, train_gpt_tokenizer
 
         cfg = self.cfg
         documents = read_documents(cfg.data)
@@ -89,7 +87,7 @@ class CausalLMTask(Task):
                 shutil.copytree(tok_dir, run_dir / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
             else:
                 load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
-        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        self.tokenizer = LazyTokenizer(tok_dir) if os.path.isdir(tok_dir) else load_tokenizer(tok_dir)
         self.blocks = load_packed_blocks(entry)
         if cfg.data.eval_path:  # a held-out source of its own: all of its blocks are the eval split
             from data_pipelines.lm import PackedBlocks
