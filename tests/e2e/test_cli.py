@@ -110,6 +110,8 @@ def test_main_job_trains_and_generates(run_zoo):
 def _paths(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "tok").mkdir()
+    (tmp_path / "badtok").mkdir()
+    (tmp_path / "badtok" / "tokenizer.json").write_text("{not json")
     (tmp_path / "blob.dat").write_bytes(b"\x00\x01")
     return tmp_path
 
@@ -122,6 +124,7 @@ PATH_CASES = [
     (["data=prepared", "data.path={d}/empty"], "is not a prepared dataset (no meta.json, tokenizer)"),
     (["data.tokenizer={d}/tok"], "holds no tokenizer.json"),
     (["data.tokenizer=gpt2"], "data.tokenizer=gpt2: no such directory"),
+    (["data.tokenizer={d}/badtok"], "data.tokenizer={d}/badtok: its tokenizer.json does not load"),
     (["model.init_from={d}/nope"], "model.init_from={d}/nope: no such directory"),
     (["resume={d}/nope"], "resume={d}/nope: no such checkpoint or run directory"),
     (["data.eval_path={d}/nope.jsonl"], "data.eval_path={d}/nope.jsonl: no such file or directory"),

@@ -57,6 +57,8 @@ def check_paths(cfg, spec) -> None:
         if not any((p / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
             raise ConfigError(f"data.tokenizer={d.tokenizer} holds no tokenizer.json or tokenizer_config.json; give "
                               f"the directory a transformers tokenizer was saved to (save_pretrained)")
+        if (p / "tokenizer.json").exists():
+            _readable_tokenizer_json("data.tokenizer", d.tokenizer, p / "tokenizer.json")
     if m.init_from is not None and not m.init_from.strip():
         raise ConfigError("model.init_from is empty: give a local transformers model directory, or drop the key "
                           "to train from zoo's own initialisation")
@@ -74,6 +76,18 @@ def check_paths(cfg, spec) -> None:
     if cfg.resume and cfg.resume != "auto" and not Path(cfg.resume).expanduser().exists():
         raise ConfigError(f"resume={cfg.resume}: no such checkpoint or run directory; give a checkpoint "
                           f"(RUN_DIR/checkpoints/step_N), a run directory, or resume=auto")
+
+
+def _readable_tokenizer_json(key: str, value: str, path: Path) -> None:
+    """The tokenizer.json that the data pipeline and the run read: it must load (milliseconds)."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception for malformed JSON or an unknown model
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{key}={value}: its tokenizer.json does not load ({first}); save the tokenizer there "
+                          f"again with save_pretrained, or give another directory") from None
 
 
 def _prepared(key: str, path: str) -> Path:
