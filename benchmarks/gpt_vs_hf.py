@@ -18,6 +18,7 @@ import argparse
 import os
 import socket
 import time
+from statistics import median
 
 import torch
 
@@ -42,11 +43,6 @@ def interleaved(steps: dict, steps_per_round: int, rounds: int = 5, warmup: int 
                 steps[name]()
             times[name].append((time.perf_counter() - t0) / steps_per_round)
     return times
-
-
-def median(values) -> float:
-    values = sorted(values)
-    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
 
 
 def main() -> None:
