@@ -64,7 +64,7 @@ def main() -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import deepspeed
 
-    from zoo import lean_start
+    from zoo import lean_start, optimizers
     from zoo.build import build_model
     from zoo.engine import param_groups, skip_single_replica_allreduce
 
@@ -89,8 +89,11 @@ def main() -> None:
             from zoo.model_compile import compile_model
 
             compile_model(model)
-        engine, *_ = deepspeed.initialize(model=model, config=ds, model_parameters=param_groups(model, 0.1))
-        skip_single_replica_allreduce(engine, dp=1)  # as zoo's initialize_engine does
+        groups = param_groups(model, 0.1)
+        config = {k: v for k, v in ds.items() if k != "optimizer"}
+        engine, *_ = deepspeed.initialize(model=model, config=config, optimizer=optimizers.build(ds["optimizer"], groups),
+                                          model_parameters=groups)
+        skip_single_replica_allreduce(engine, dp=1)  # as zoo's initialize_engine does, with its optimizer
 
         def zoo_step():
             loss = engine(x, y)

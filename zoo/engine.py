@@ -83,12 +83,20 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
 
 def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
     """Wrap `model` in a DeepSpeed engine over the grid's data-parallel groups (a
-    PipelineModule brings its own grid and gets DeepSpeed's pipeline engine)."""
+    PipelineModule brings its own grid and gets DeepSpeed's pipeline engine). The optimizer
+    DeepSpeed would build from zoo's block is built here as zoo.optimizers' subclass of it,
+    which imports no torch._dynamo in an eager run."""
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
-    engine, _, _, _ = deepspeed.initialize(model=model, config=deepspeed_config(cfg, layout),
-                                           model_parameters=param_groups(model, cfg.optim.weight_decay),
+    ds, groups = deepspeed_config(cfg, layout), param_groups(model, cfg.optim.weight_decay)
+    optimizer = None
+    if ds.get("optimizer") == optimizer_config(cfg):  # zoo's own block (no raw deepspeed.optimizer over it)
+        from zoo.optimizers import build
+
+        optimizer, ds = build(ds["optimizer"], groups), {k: v for k, v in ds.items() if k != "optimizer"}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=ds, optimizer=optimizer,
+                                           model_parameters=groups,
                                            lr_scheduler=lr_scheduler(cfg),
                                            mpu=None if isinstance(model, PipelineModule) else grid)
     skip_single_replica_allreduce(engine, layout.dp)

@@ -95,7 +95,8 @@ def threads_per_rank(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
-def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbose: bool = False) -> None:
+def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbose: bool = False,
+                 dynamo: bool = False) -> None:
     """Start `nproc` workers of `zoo.worker.main` with torch's elastic launcher on this host
 (started as `worker_start_method` says).
 
@@ -119,11 +120,11 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
     os.environ[VERBOSE_ENV] = "1" if verbose else "0"
     start_method = worker_start_method()
     if start_method == "fork":
-        start_method = _fork_or_forkserver()
+        start_method = _fork_or_forkserver(dynamo)
     if start_method == "forkserver":
         import multiprocessing
 
-        multiprocessing.set_forkserver_preload(list(PRELOAD))
+        multiprocessing.set_forkserver_preload(list(preload(dynamo)))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"zoo-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.1, start_method=start_method, rdzv_configs={"timeout": timeout_s})
@@ -133,8 +134,15 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
 START_METHOD_ENV = "ZOO_START_METHOD"
 
 
-PRELOAD = ("zoo.quiet", "deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "torch._dynamo", "transformers",
+PRELOAD = ("zoo.quiet", "deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "transformers",
            "transformers.models.auto.tokenization_auto", "zoo.trainer", "zoo.families", "zoo.worker")
+DYNAMO = ("torch._dynamo",)  # imported by compile and by ZeRO-3's parameter hooks; an eager optimizer does not
+
+
+def preload(dynamo: bool) -> tuple:
+    """What the forkserver (or this process, for fork) imports before the ranks start: with
+    torch._dynamo where every rank will import it anyway (once in the server, not per rank)."""
+    return PRELOAD + DYNAMO if dynamo else PRELOAD
 
 
 def worker_start_method() -> str:
@@ -161,7 +169,7 @@ def _os_threads() -> int:
         return 0
 
 
-def _fork_or_forkserver() -> str:
+def _fork_or_forkserver(dynamo: bool = False) -> str:
     """ZOO_START_METHOD=fork: the ranks are forked from this process itself, after it imported
     PRELOAD, so no second interpreter imports them again (a process that has them imported
     already, as the tests' run server does, starts a 2-rank run ~7 s sooner). Only a process
@@ -169,6 +177,6 @@ def _fork_or_forkserver() -> str:
     first parallel op (seen here with torch's libgomp). With more threads, the forkserver."""
     import importlib
 
-    for name in PRELOAD:
+    for name in preload(dynamo):
         importlib.import_module(name)
     return "fork" if _os_threads() == 1 else "forkserver"

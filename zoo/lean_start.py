@@ -18,8 +18,8 @@ Muon, the module (and its kernels' module, which ZeRO-1/2 imports on the step pa
 registered as a stand-in whose MuonWithAuxAdam no optimizer is an instance of, so every one of
 those checks answers no without the import.
 
-(torch._dynamo cannot be skipped the same way: torch.optim's step imports it at every call,
-torch/optim/optimizer.py `_use_grad`.)
+(torch._dynamo, which torch.optim's methods import at their first call, is skipped by handing
+DeepSpeed zoo.optimizers' subclasses of torch's AdamW and SGD instead.)
 """
 from __future__ import annotations
 

@@ -157,7 +157,8 @@ def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
     from zoo.errors import ZooError
 
     try:
-        launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s, cfg.verbose)
+        launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s, cfg.verbose,
+                            dynamo=cfg.model.compile or layout.zero_stage == 3)
     except ZooError as err:  # before any rank started
         _fail(str(err), run_dir)
     except SignalException as err:  # the agent passed SIGTERM/SIGINT on to the ranks, which checkpointed

@@ -73,7 +73,8 @@ def test_every_module_the_server_preloads_exists():
 
     from zoo import launch
 
-    assert all(importlib.util.find_spec(name) is not None for name in launch.PRELOAD)
+    assert all(importlib.util.find_spec(name) is not None for name in launch.preload(dynamo=True))
+    assert "torch._dynamo" not in launch.preload(dynamo=False)
 
 
 def test_an_unknown_start_method_is_one_line(monkeypatch):
