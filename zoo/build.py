@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from zoo.models.init import init_parameters
-from zoo.models.meta import on_meta
+from zoo.models.meta import on_meta, to_empty
 from zoo.parallel.parallelize import parallelize
 from zoo.parallel.plans import sum_sequence_parallel_norm_grads, tie_parameters
 from zoo.parallel.topology import Layout
@@ -41,7 +41,7 @@ def materialise(module: nn.Module, shape, *, seed: int, device: torch.device, tp
     plan = spec.plan(shape)
     parallelize(module, plan=plan, tp_group=tp_group, dp_group=dp_group,
                 sequence_parallel=sequence_parallel, device=device)
-    module.to_empty(device=device)
+    to_empty(module, device)
     if plan is not None:
         tie_parameters(module, plan)  # materialising untied them
     init_parameters(module, seed, std_of)
