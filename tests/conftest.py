@@ -196,8 +196,11 @@ def run_zoo(tmp_path_factory, zoo_cache, run_server):
                     "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", **(env or {})}
         argv = cmd or [sys.executable, "-m", module, f"hydra.run.dir={run_dir}", "trainer.progress=false",
                        *overrides]
-        if cmd is None and os.environ.get("ZOO_TEST_FORK", "1") != "0":  # forked from the preloaded server
-            # and its ranks forked from the run itself, which has everything imported (zoo.launch)
+        # Forked from the preloaded server, and its ranks forked from the run itself, which has
+        # everything imported (zoo.launch); not for another tree's code (cwd, PYTHONPATH): the
+        # server has this checkout's zoo imported.
+        if (cmd is None and os.environ.get("ZOO_TEST_FORK", "1") != "0" and Path(cwd) == REPO
+                and "PYTHONPATH" not in (env or {})):
             full_env = {"ZOO_START_METHOD": "fork", **full_env}
             proc = run_server.run(module, argv[3:], full_env, cwd, timeout, tmp_path_factory.mktemp("out"))
         else:

@@ -41,6 +41,7 @@ def test_a_checkpoint_of_the_old_code_resumes(run_zoo, old_tree, tmp_path, famil
     # with the old code's marker would be rebuilt, and BERT's rebuild is not bitwise the same).
     run_zoo(*FAST, f"model={family}", "trainer.max_steps=0", "checkpoint.save_final=false", run_dir=tmp_path / "warm")
     old = run_zoo(*common, "checkpoint.every=2", cwd=old_tree, env={"PYTHONPATH": str(old_tree)})
+    assert "zoo: start:" not in old.stdout, "today's code ran, not the old one (it prints where its start went)"
     written = old.run_dir / "checkpoints" / "step_0000002"
     assert written.is_dir()
     run_dir = tmp_path / "resumed"

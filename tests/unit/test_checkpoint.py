@@ -67,3 +67,17 @@ def test_native_files_by_default_only_under_zero3(zero_stage, setting, on):
     cfg = Config()
     cfg.checkpoint.native = setting
     assert enabled(cfg, Layout(tp=1, pp=1, dp=2, zero_stage=zero_stage)) is on
+
+
+def test_a_shape_field_added_later_matches_its_default_and_nothing_else(tmp_path):
+    """A checkpoint written before a shape field existed (vocab_real) resumes where this run's
+    value is the default, None; any other value, or any other field differing, is refused."""
+    from zoo.checkpoint.layout_free import CheckpointError, check_compatible
+
+    old = {"family": "gpt", "shape": {"n_layer": 4, "n_embd": 128}}
+    check_compatible(old, {"family": "gpt", "shape": {"n_layer": 4, "n_embd": 128, "vocab_real": None}}, tmp_path)
+    for now in ({"family": "gpt", "shape": {"n_layer": 4, "n_embd": 128, "vocab_real": 50257}},
+                {"family": "gpt", "shape": {"n_layer": 2, "n_embd": 128, "vocab_real": None}},
+                {"family": "llama", "shape": {"n_layer": 4, "n_embd": 128}}):
+        with pytest.raises(CheckpointError, match="resume with the same model settings"):
+            check_compatible(old, now, tmp_path)

@@ -212,9 +212,11 @@ def read_state(path: Path) -> dict:
 
 
 def check_compatible(state: dict, meta: dict, path: Path) -> None:
-    """Refuse a checkpoint of another model: the family and every shape field must match."""
+    """Refuse a checkpoint of another model: the family and every shape field must match. A
+    field a checkpoint lacks is one added to the shape after it was written, whose default,
+    None, is what that checkpoint's model had (e.g. `vocab_real`, no padded vocabulary)."""
     for key in ("family", "shape"):
-        if state.get(key) != meta.get(key):
+        if not _same(state.get(key), meta.get(key)):
             raise CheckpointError(f"checkpoint {path} was written for model {key} {state.get(key)} but this run "
                                   f"builds {meta.get(key)}; resume with the same model settings")
     written, now = state.get("optimizer", "adamw"), meta.get("optimizer", "adamw")  # older checkpoints: AdamW
@@ -222,6 +224,12 @@ def check_compatible(state: dict, meta: dict, path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} holds optim={written}'s state but this run uses optim={now}; resume "
                               f"with optim={written}, or export the weights (python -m zoo.export) and start from "
                               f"them with model.init_from")
+
+
+def _same(written, now) -> bool:
+    if isinstance(written, dict) and isinstance(now, dict):
+        return all(written.get(k) == now.get(k) for k in written.keys() | now.keys())
+    return written == now
 
 
 class _Tensors:
