@@ -22,56 +22,54 @@ from typing import Any, Dict, List
 import torch
 
 
-def _plain(method):
-    return inspect.unwrap(method)
+def _outside_graphs(name: str):
+    """torch.optim.Optimizer's method `name` (none of AdamW, Adam, SGD overrides it) without its
+    dynamo wrapper outside a graph, with it inside one."""
+    decorated = getattr(torch.optim.Optimizer, name)
+    plain = inspect.unwrap(decorated)
+
+    def method(self, *args, **kwargs):
+        return (decorated if torch.compiler.is_compiling() else plain)(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _eager_step(torch_class: type):
+    """torch_class's step without `_use_grad` outside a graph (grad mode set as it sets it)."""
+    plain = inspect.unwrap(torch_class.step)
+
+    def step(self, closure=None):
+        if torch.compiler.is_compiling():
+            return torch_class.step(self, closure)
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return plain(self, closure)
+
+    return step
 
 
 class _EagerMethods:
     """Optimizer methods that skip torch's dynamo wrappers outside a compiled graph."""
 
-    _torch_class: type
-
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        if torch.compiler.is_compiling():
-            return super().add_param_group(param_group)
-        return _plain(torch.optim.Optimizer.add_param_group)(self, param_group)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if torch.compiler.is_compiling():
-            return super().zero_grad(set_to_none)
-        return _plain(torch.optim.Optimizer.zero_grad)(self, set_to_none)
-
-    def state_dict(self):
-        if torch.compiler.is_compiling():
-            return super().state_dict()
-        return _plain(torch.optim.Optimizer.state_dict)(self)
-
-    def load_state_dict(self, state_dict) -> None:
-        if torch.compiler.is_compiling():
-            return super().load_state_dict(state_dict)
-        return _plain(torch.optim.Optimizer.load_state_dict)(self, state_dict)
-
-    def step(self, closure=None):
-        if torch.compiler.is_compiling():
-            return self._torch_class.step(self, closure)
-        with torch.set_grad_enabled(self.defaults["differentiable"]):  # what _use_grad does outside a graph
-            return _plain(self._torch_class.step)(self, closure)
+    add_param_group = _outside_graphs("add_param_group")
+    zero_grad = _outside_graphs("zero_grad")
+    state_dict = _outside_graphs("state_dict")
+    load_state_dict = _outside_graphs("load_state_dict")
 
 
 class AdamW(_EagerMethods, torch.optim.AdamW):
-    _torch_class = torch.optim.AdamW
+    step = _eager_step(torch.optim.AdamW)
 
 
 class SGD(_EagerMethods, torch.optim.SGD):
-    _torch_class = torch.optim.SGD
+    step = _eager_step(torch.optim.SGD)
 
 
 def _register_with_zero() -> None:
     from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
 
-    for cls in (AdamW,):  # torch's SGD is not on DeepSpeed's list: zoo sets zero_allow_untested_optimizer for it
-        if cls not in ZERO_SUPPORTED_OPTIMIZERS:
-            ZERO_SUPPORTED_OPTIMIZERS.append(cls)
+    if AdamW not in ZERO_SUPPORTED_OPTIMIZERS:  # torch's SGD is not on it: zoo sets zero_allow_untested_optimizer
+        ZERO_SUPPORTED_OPTIMIZERS.append(AdamW)
 
 
 def build(block: Dict[str, Any], param_groups: List[Dict[str, Any]]) -> torch.optim.Optimizer:
