@@ -64,16 +64,15 @@ def one(args: list, steps: int, root: Path, micro: int = 4) -> dict:
 
 
 def main() -> None:
+    from gpt_vs_hf import positive  # this folder is the script's sys.path[0]
+
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=positive, default=2)
+    p.add_argument("--steps", type=positive, default=20)
     p.add_argument("--only", nargs="*", help="variant names to run (default: all)")
     p.add_argument("--micro", type=int, default=4,
                    help="micro-batch size (global 16 at dp=2: 4 gives 2 micro-batches per rank per step, 8 gives 1)")
     a = p.parse_args()
-    for key in ("rounds", "steps"):
-        if getattr(a, key) < 1:
-            p.error(f"--{key} {getattr(a, key)}: must be >= 1")
     unknown = [n for n in a.only or () if n not in VARIANTS]
     if unknown:
         p.error(f"--only {' '.join(map(repr, unknown))}: no such variant; the variants: "
