@@ -178,12 +178,13 @@ def main() -> None:
     steps["zoo"] = zoo_step_of(a, shape, x, y, compiled=False)
     if a.compile:
         steps["zoo compiled"] = zoo_step_of(a, shape, x, y, compiled=True)
-    times = interleaved(steps, max(1, a.steps // a.rounds), rounds=a.rounds, sync=a.device == "cuda")
+    per_round = max(1, a.steps // a.rounds)
+    times = interleaved(steps, per_round, rounds=a.rounds, sync=a.device == "cuda")
     tps = {n: a.batch * a.block / median(t) for n, t in times.items()}
     extra = f" KV={a.kv_heads} FFN={a.inter}" if a.family == "llama" else ""
     where = torch.cuda.get_device_name() if a.device == "cuda" else f"{threads} threads"
     print(f"{a.family} L={a.layers} C={a.embd} H={a.heads}{extra} T={a.block} V={a.vocab}, batch {a.batch}, "
-          f"{a.dtype}, {where}, median of {a.rounds} alternating rounds over {a.steps} steps each")
+          f"{a.dtype}, {where}, median of {a.rounds} alternating rounds of {per_round} steps each")
     for n, v in tps.items():
         print(f"{n:>24}: {v:,.0f} tokens/s")
     for mine in [n for n in tps if n.startswith("zoo")]:
