@@ -145,11 +145,43 @@ def _length_without_transformers(directory: Path) -> Optional[int]:
     return tok.get_vocab_size(with_added_tokens=True)
 
 
+# The files a transformers tokenizer consists of, whatever its kind (save_pretrained writes a
+# subset). A model's directory holds them beside config.json and the weights, which are not the
+# tokenizer's: a run copies, and an export ships, only these.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json")
+
+
+def tokenizer_files(directory: Path) -> List[Path]:
+    """The tokenizer's own files in `directory` (a tokenizer's or a whole model's directory)."""
+    return [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()]
+
+
+def _names_its_class(directory: Path) -> bool:
+    """Whether the tokenizer files say which tokenizer they are (else transformers reads the
+    model's config.json to find out, and a copy of the files alone would not load)."""
+    import json
+
+    config = directory / "tokenizer_config.json"
+    try:
+        return bool(json.loads(config.read_text()).get("tokenizer_class"))
+    except (OSError, ValueError):
+        return False
+
+
 def save_tokenizer(path_or_name: str, dest: Path) -> None:
-    """Put the tokenizer into `dest` (a run directory's `tokenizer/`), once."""
+    """Put the tokenizer into `dest` (a run directory's `tokenizer/`), once: its own files only,
+    never the weights or the config.json of a model directory it may sit in."""
     if dest.exists():
         return
-    if os.path.isdir(path_or_name):
-        shutil.copytree(path_or_name, dest, ignore=shutil.ignore_patterns(".complete"))
-    else:
+    src = Path(path_or_name)
+    if src.is_dir() and _names_its_class(src):
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in tokenizer_files(src):
+            shutil.copy2(f, tmp / f.name)
+        os.replace(tmp, dest)
+    else:  # a Hub name, or files that need the model's config to load: transformers writes its own
         load_tokenizer(path_or_name).save_pretrained(str(dest))

@@ -55,6 +55,34 @@ def test_import_evaluate_checkpoint_and_export_again(run_zoo, trained_3d, tmp_pa
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_an_imported_model_trained_then_exported_ships_the_trained_weights(run_zoo, trained_3d, tmp_path):
+    """model.init_from=DIR of a whole transformers directory (weights and tokenizer): the run keeps
+    only the tokenizer's files, and its export holds the run's weights, not the starting ones."""
+    from transformers import GPT2LMHeadModel
+
+    from zoo.checkpoint.weights import load_plain
+    from zoo.models.gpt import GPT, GPTShape
+
+    source = export(trained_3d.run_dir, tmp_path / "source")
+    run = run_zoo(*FAST, "parallel=tp", "trainer.micro_batch_size=4", f"model.init_from={source}",
+                  "trainer.max_steps=3", "optim.warmup_steps=1", run_dir=tmp_path / "run")  # steps 1-2 at lr 0
+    kept = sorted(p.name for p in (run.run_dir / "tokenizer").iterdir())
+    assert "model.safetensors" not in kept and "config.json" not in kept and "tokenizer.json" in kept, kept
+    out = export(run.run_dir, tmp_path / "hf")
+    started, shipped = load_file(str(source / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert not torch.equal(started["transformer.h.0.attn.c_attn.weight"], shipped["transformer.h.0.attn.c_attn.weight"])
+    from safetensors import safe_open
+
+    with safe_open(str(run.run_dir / "model.safetensors"), framework="pt") as fh:
+        meta = json.loads(fh.metadata()["shape"])
+    ours = GPT(GPTShape(**meta)).eval()
+    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))  # the run's final weights
+    ids = torch.randint(0, meta["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(GPT2LMHeadModel.from_pretrained(str(out)).eval()(ids).logits, ours(ids),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_export_errors_are_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "zoo.export", str(tmp_path / "missing"), str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -68,14 +68,16 @@ def export(src: Path, out: Path) -> Path:
     config, hf_state = spec.hf.to_hf(state, meta, **special)
     from safetensors.torch import save_file
 
+    from data_pipelines.tokenizer import tokenizer_files
+
     out.mkdir(parents=True, exist_ok=True)
+    # The tokenizer's own files only: a run of an older zoo kept an imported model's whole
+    # directory as its tokenizer/, starting weights and config.json included.
+    for f in tokenizer_files(tokenizer) if tokenizer.is_dir() else []:
+        shutil.copy2(f, out / f.name)
     config.save_pretrained(str(out))
     save_file({k: v.contiguous() for k, v in hf_state.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
-    if tokenizer.is_dir():
-        for f in tokenizer.iterdir():
-            if f.is_file() and f.name != ".complete":
-                shutil.copy2(f, out / f.name)
     return out
 
 

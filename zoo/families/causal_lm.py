@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Dict
 
@@ -64,7 +63,7 @@ class CausalLMTask(Task):
     def _prepare_documents(self, run_dir: Path, rank: int) -> None:
         from data_pipelines.lm import load_packed_blocks, prepare_packed_blocks
         from data_pipelines.text_sources import read_documents
-        from data_pipelines.tokenizer import LazyTokenizer, load_tokenizer, train_gpt_tokenizer
+        from data_pipelines.tokenizer import LazyTokenizer, load_tokenizer, save_tokenizer, train_gpt_tokenizer
 
         cfg = self.cfg
         documents = read_documents(cfg.data)
@@ -82,11 +81,8 @@ class CausalLMTask(Task):
         pack = dict(block_size=block, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
         entry = prepare_packed_blocks(docs, tok_dir, eval_fraction=0.0 if cfg.data.eval_path else cfg.data.eval_fraction,
                                       source_key=source_key, **pack)
-        if rank == 0 and not (run_dir / "tokenizer").exists():
-            if os.path.isdir(tok_dir):
-                shutil.copytree(tok_dir, run_dir / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
-            else:
-                load_tokenizer(tok_dir).save_pretrained(str(run_dir / "tokenizer"))
+        if rank == 0:
+            save_tokenizer(tok_dir, run_dir / "tokenizer")  # its own files: not an imported model's weights
         self.tokenizer = LazyTokenizer(tok_dir) if os.path.isdir(tok_dir) else load_tokenizer(tok_dir)
         self.blocks = load_packed_blocks(entry)
         if cfg.data.eval_path:  # a held-out source of its own: all of its blocks are the eval split
