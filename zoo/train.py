@@ -60,6 +60,43 @@ def _refuse_overwriting(run_dir: str) -> None:
               f"write over them: start in another hydra.run.dir (or remove that run)", run_dir)
 
 
+def _refuse_starting_over(run_dir: str) -> None:
+    """resume=auto where no checkpoint is: a fresh start, unless the directory holds a finished
+    run (its results), which a fresh start would overwrite."""
+    from zoo.rundir_lock import RunDirLock
+
+    path = Path(run_dir)
+    if RunDirLock(run_dir).in_use() or any(p.is_dir() for p in (path / "checkpoints").glob("step_*")):
+        return
+    results = [name for name in ("summary.json", "model.safetensors") if (path / name).exists()]
+    if results:
+        _fail(f"hydra.run.dir={run_dir} holds a finished run ({', '.join(results)}) but no checkpoint to continue "
+              f"from (it ran with checkpoint.every=0), and resume=auto would start afresh over it: start in another "
+              f"hydra.run.dir (to go on from its weights: python -m zoo.export {run_dir} {run_dir}/hf, then "
+              f"model.init_from={run_dir}/hf)", run_dir)
+
+
+def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
+    """A resume in a run directory that has its config.yaml continues that config, with the
+    command line's overrides on top (zoo.config.continuation); other starts are as composed."""
+    saved = Path(run_dir) / "config.yaml"
+    if not dcfg.get("resume") or not saved.is_file():
+        return dcfg
+    import yaml
+
+    from zoo.config.continuation import continued_config
+
+    try:
+        merged = continued_config(OmegaConf.to_container(dcfg, resolve=True), saved.read_text(), overrides)
+    except yaml.YAMLError as err:
+        _fail(f"{saved} does not parse ({str(err).splitlines()[0]}), and a resume continues the config it holds: "
+              f"restore it (each run writes it at its start), or start in another hydra.run.dir", None)
+    if int(os.environ.get("RANK", "0")) == 0:
+        given = " ".join(o for o in overrides if not o.startswith("resume="))
+        print(f"zoo: resume: the run's own config ({saved})" + (f", with {given} on top" if given else ""), flush=True)
+    return OmegaConf.create(merged)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -96,6 +133,8 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         _fail(str(err), run_dir)
     if not cfg.resume:
         _refuse_overwriting(run_dir)
+    elif cfg.resume == "auto":
+        _refuse_starting_over(run_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         from zoo.plan import device_memory_bytes, fit_warning
@@ -208,8 +247,9 @@ def _hydra_main(dcfg: DictConfig) -> None:
     # A Hydra sweep runs every job in this process: each starts from the environment the
     # process started with (the local launcher sets RANK, WORLD_SIZE, ... for its ranks).
     environ = dict(os.environ)
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
-        run(dcfg, HydraConfig.get().runtime.output_dir)
+        run(continued(dcfg, run_dir, list(HydraConfig.get().overrides.task)), run_dir)
     finally:
         os.environ.clear()
         os.environ.update(environ)

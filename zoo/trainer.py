@@ -354,7 +354,8 @@ class Trainer:
             from zoo.observe.result import result_lines
 
             hf_export = family(self.cfg.model.family).hf is not None
-            for line in result_lines(summary, self.run_dir, export=hf_export):
+            resumable = (self.ckpt_root / f"step_{self.step:07d}").is_dir()
+            for line in result_lines(summary, self.run_dir, export=hf_export, resumable=resumable):
                 self.log.write(line)
 
     def _agree(self, flags):

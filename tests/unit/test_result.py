@@ -12,7 +12,7 @@ GPT = {"final_loss": 4.1, "eval_loss": 4.0, "eval_perplexity": 54.6, "unigram_pe
 def test_a_finished_run_states_its_result_where_it_is_and_what_next(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "checkpoints").mkdir()
-    lines = result_lines(GPT, tmp_path)
+    lines = result_lines(GPT, tmp_path, resumable=True)
     assert lines[0] == "zoo: result: eval loss 4.0000, perplexity 54.6 (unigram 631.5)"
     assert lines[1] == ("zoo: run: 200 steps, 81.3 s from the first step to the end, 4,628 tokens/s, MFU 24.9%, "
                         "peak memory 0.43 GiB")
@@ -21,6 +21,8 @@ def test_a_finished_run_states_its_result_where_it_is_and_what_next(tmp_path):
     assert lines[5] == f"zoo: run directory {tmp_path}: model.safetensors (weights), checkpoints/ (checkpoints)"
     assert lines[6] == f"zoo: next: python -m zoo.export {tmp_path} {tmp_path}/hf"
     assert any("resume=auto" in line for line in lines[7:])
+    # no "continue" line where the run left no checkpoint of its last step to continue from
+    assert not any("resume=auto" in line for line in result_lines(GPT, tmp_path))
     # no export line for a family without a Hugging Face form
     assert not any("zoo.export" in line for line in result_lines(GPT, tmp_path, export=False))
 

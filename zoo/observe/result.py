@@ -8,8 +8,11 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
-NEXT = ("python -m zoo.export {run} {run}/hf", "python -m zoo.compare {run} [OTHER_RUN ...]",
-        "python -m zoo.train hydra.run.dir={run} resume=auto trainer.max_steps=N  (continue, on any layout)")
+EXPORT = "python -m zoo.export {run} {run}/hf"
+COMPARE = "python -m zoo.compare {run} [OTHER_RUN ...]"
+# Printed only where the run ends with a checkpoint of its last step: the resume takes the
+# run's own config.yaml (zoo.config.continuation), so these keys are all it needs.
+CONTINUE = "python -m zoo.train hydra.run.dir={run} resume=auto trainer.max_steps=N  (continue, on any layout)"
 
 
 def _number(value: Any) -> float | None:
@@ -43,7 +46,8 @@ def _contents(run_dir: Path) -> str:
     return ", ".join(have) or "nothing"
 
 
-def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True) -> List[str]:
+def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True, resumable: bool = False) -> List[str]:
+    """`export`: the family has a Hugging Face form; `resumable`: a checkpoint of the last step exists."""
     speed = (f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") and s.get("tokens_per_s") !=
              s.get("samples_per_s") else f"{s.get('samples_per_s', 0):,.1f} samples/s")
     facts = [f"{s.get('steps', 0)} steps, {s.get('wall_time_s', 0):.1f} s from the first step to the end", speed]
@@ -61,7 +65,8 @@ def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True) -> Li
         lines.append(f"zoo: sample (prompt {s.get('sample_prompt', '')!r}):")
         lines += ["    " + line for line in str(s["sample"]).splitlines() or [""]]
     lines.append(f"zoo: run directory {run_dir}: {_contents(run_dir)}")
-    commands = [cmd.format(run=run_dir) for cmd in (NEXT if export else NEXT[1:])]  # a CNN has no HF form
+    commands = [cmd.format(run=run_dir) for cmd in ([EXPORT] if export else []) + [COMPARE]
+                + ([CONTINUE] if resumable else [])]
     lines.append("zoo: next: " + commands[0])
     lines += ["           " + cmd for cmd in commands[1:]]
     return lines

@@ -1,0 +1,42 @@
+"""The "continue" line a run ends with continues it: the resume takes the run's own config.yaml
+with the command line on top, so the line's three keys are all it needs; a finished run with no
+checkpoint is never started afresh over, and is not offered the line."""
+from __future__ import annotations
+
+import re
+import shlex
+
+import yaml
+
+from tests.e2e.checkpoint_runs import FAST, losses_by_step
+
+
+def _continue_line(stdout: str):
+    found = re.findall(r"(python -m zoo\.train hydra\.run\.dir=\S+ resume=auto trainer\.max_steps=N)", stdout)
+    return shlex.split(found[0]) if found else None
+
+
+def test_the_printed_continue_line_continues_a_llama_run_with_its_own_config(run_zoo, tmp_path):
+    first = run_zoo(*FAST, "model=llama", "parallel=zero1", "parallel.dp=2", "trainer.max_steps=2",
+                    "checkpoint.every=2", "optim.lr=3e-3", run_dir=tmp_path / "run")
+    line = _continue_line(first.stdout)
+    assert line is not None, first.stdout[-2000:]
+    argv = [a.replace("trainer.max_steps=N", "trainer.max_steps=4") for a in line[3:] if not a.startswith("hydra.")]
+    resumed = run_zoo(*argv, run_dir=first.run_dir)  # hydra.run.dir=RUN resume=auto trainer.max_steps=4
+    assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
+    config = yaml.safe_load((first.run_dir / "config.yaml").read_text())
+    assert (config["model"]["family"], config["optim"]["lr"], config["parallel"]["zero_stage"]) == ("llama", 3e-3, 1)
+    assert (config["trainer"]["max_steps"], config["resume"]) == (4, "auto")
+    assert resumed.summary["steps"] == 4 and resumed.summary["dp"] == 2
+    assert sorted(losses_by_step(resumed)) == [1, 2, 3, 4]  # the step numbers go on in the same metrics
+
+
+def test_a_finished_run_without_a_checkpoint_is_not_started_over_and_not_offered_the_line(run_zoo, tmp_path):
+    done = run_zoo(*FAST, "trainer.max_steps=1", run_dir=tmp_path / "run")
+    assert _continue_line(done.stdout) is None and "zoo.export" in done.stdout
+    before = {name: (done.run_dir / name).read_bytes() for name in ("summary.json", "model.safetensors", "config.yaml")}
+    again = run_zoo("resume=auto", "trainer.max_steps=3", run_dir=done.run_dir, check=False)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    errors = [line for line in again.stderr.splitlines() if line.startswith("zoo: error:")]
+    assert len(errors) == 1 and "no checkpoint to continue from" in errors[0] and "checkpoint.every=0" in errors[0]
+    assert {name: (done.run_dir / name).read_bytes() for name in before} == before
