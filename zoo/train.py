@@ -87,7 +87,7 @@ def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     from zoo.config.continuation import continued_config
 
     try:
-        merged = continued_config(OmegaConf.to_container(dcfg, resolve=True), saved.read_text(), overrides)
+        merged = continued_config(OmegaConf.to_container(dcfg, resolve=False), saved.read_text(), overrides)
     except yaml.YAMLError as err:
         _fail(f"{saved} does not parse ({str(err).splitlines()[0]}), and a resume continues the config it holds: "
               f"restore it (each run writes it at its start), or start in another hydra.run.dir", None)
@@ -249,7 +249,8 @@ def _hydra_main(dcfg: DictConfig) -> None:
     environ = dict(os.environ)
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        run(continued(dcfg, run_dir, list(HydraConfig.get().overrides.task)), run_dir)
+        overrides = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed
+        run(continued(dcfg, run_dir, overrides), run_dir)
     finally:
         os.environ.clear()
         os.environ.update(environ)

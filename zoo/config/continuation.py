@@ -82,16 +82,34 @@ def _from_saved(schema, fresh: Dict[str, Any], saved: Dict[str, Any]) -> Dict[st
     return out
 
 
-def continued_config(fresh: Dict[str, Any], saved_yaml: str, overrides: Iterable[str]) -> Dict[str, Any]:
-    """The resumed run's config (a plain dict): config.yaml's values, the command line's on top."""
-    from omegaconf import OmegaConf
+_ABSENT = object()
 
+
+def _lookup(data: Dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return _ABSENT
+        data = data[part]
+    return data
+
+
+def _assign(data: Dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        data = data.setdefault(part, {})
+    data[leaf] = value
+
+
+def continued_config(fresh: Dict[str, Any], saved_yaml: str, overrides: Iterable[str]) -> Dict[str, Any]:
+    """The resumed run's config (a plain dict): config.yaml's values, the command line's on top.
+    `fresh` is the composed config as a plain dict, its interpolations unresolved (they resolve
+    in the result, as they would have in the composed config)."""
     from zoo.config.schema import Config
 
     saved = yaml.safe_load(saved_yaml) or {}
-    merged = OmegaConf.create(_from_saved(Config, fresh, saved))
-    fresh_cfg = OmegaConf.create(fresh)
+    merged = _from_saved(Config, fresh, saved)
     for path in sorted(overridden_paths(overrides)):
-        value = OmegaConf.select(fresh_cfg, path, default=None, throw_on_missing=False)
-        OmegaConf.update(merged, path, value, merge=False, force_add=True)
-    return OmegaConf.to_container(merged)
+        value = _lookup(fresh, path)
+        if value is not _ABSENT:  # a `~key` deletion leaves the run's value
+            _assign(merged, path, value)
+    return merged
