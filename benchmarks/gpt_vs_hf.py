@@ -95,7 +95,7 @@ def start_single_rank(device: str) -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     import deepspeed
 
-    from zoo import lean_start
+    from zoo.engine import lean_start
 
     lean_start.skip_shm_comm_op()
     lean_start.skip_muon_import({})
@@ -114,9 +114,8 @@ def zoo_step_of(a, shape, x, y, *, compiled: bool):
     zoo's AdamW handed to DeepSpeed, no all-reduce over one replica, model.compile's compile."""
     import deepspeed
 
-    from zoo import optimizers
     from zoo.build import build_model
-    from zoo.engine import param_groups, skip_single_replica_allreduce
+    from zoo.engine import optimizers, param_groups, skip_single_replica_allreduce
 
     model = build_model(shape, seed=0, device=torch.device(a.device))
     if compiled:

@@ -49,7 +49,7 @@ def _rank(rank: int, world: int, port: int, forward_s: float, micro_counts, out)
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule
 
-    from zoo import lean_start
+    from zoo.engine import lean_start
 
     lean_start.skip_shm_comm_op()  # as zoo's ranks start
     lean_start.skip_muon_import({})

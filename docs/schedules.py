@@ -1,4 +1,4 @@
-"""Draw optim.schedule's four curves (zoo.schedules.lr_ratio) into docs/schedules.png.
+"""Draw optim.schedule's four curves (zoo.engine.schedules.lr_ratio) into docs/schedules.png.
 
     python docs/schedules.py
 """
@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from zoo.schedules import SCHEDULES, lr_ratio  # noqa: E402
+from zoo.engine.schedules import SCHEDULES, lr_ratio  # noqa: E402
 
 STEPS, WARMUP, MIN_RATIO, DECAY_FRACTION = 1000, 50, 0.1, 0.2
 

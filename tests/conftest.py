@@ -91,7 +91,7 @@ SLOW = {
     "tests/e2e/test_checkpoint_integrity.py::test_resume_auto_falls_back_to_the_newest_intact_checkpoint"
     "[deleted_directory]": "as garbage_state",
     "tests/e2e/test_evaluation.py::test_a_wsd_schedule_resumed_on_another_layout_continues_exactly": "every "
-    "schedule's state through a resume (tests/unit/test_schedules.py) and the checkpoint tests' layout chain",
+    "schedule's state through a resume (tests/unit/engine/test_schedules.py) and the checkpoint tests' layout chain",
     "tests/e2e/test_user_errors.py::test_one_line_exit_2_no_traceback[missing resume path-2]": "the 2-rank "
     "empty-data case stays",
     **{f"tests/e2e/test_compile.py::test_compiled_run_matches_eager[{case}]": "compiles on every rank (16-158 s "

@@ -20,7 +20,8 @@ def digest(path: Path) -> str:
 
 def manifest(directory: Path, *, exclude: tuple = ()) -> Dict[str, dict]:
     """{relative path: {"bytes": size, "xxh3_64": digest}} of every file under `directory`."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in exclude)
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and str(p.relative_to(directory)) not in exclude
+                   and p.name not in exclude)
     return {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "xxh3_64": digest(p)} for p in files}
 
 

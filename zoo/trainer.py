@@ -15,12 +15,13 @@ import torch
 import torch.distributed as dist
 
 from zoo import checkpoint, signals
-from zoo.checkpoint import native as native_checkpoint
 from zoo.checkpoint.consolidate import consolidated_state_dict
 from zoo.checkpoint.weights import load_plain, save_weights
 from zoo.config.schema import Config
 from zoo.data_loading import StepLoader
 from zoo.engine import initialize_engine, micro_batching
+from zoo.engine import native as native_checkpoint
+from zoo.engine import state as engine_state
 from zoo.families import family
 from zoo.families.task import Task
 from zoo.model_compile import compile_seconds
@@ -368,8 +369,7 @@ class Trainer:
         """Whether every rank's parameters are finite (its ZeRO-3 partition where partitioned; collective)."""
         bad = 0
         for p in self.engine.module.parameters():
-            held = getattr(p, "ds_tensor", None)
-            held = p if held is None else held
+            held = engine_state.held(p)
             if held.numel() and not bool(torch.isfinite(held.detach()).all()):
                 bad = 1
                 break

@@ -92,7 +92,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
             warnings.append(f"model.compile=true with parallel.pp={layout.pp}: each block is compiled on its own "
                             f"(the stage's layers share one forward) and measured 0.50x eager (tiny GPT on 2 CPU "
                             f"cores); without pp the whole model compiles as one graph")
-    from zoo.deepspeed_check import check_raw_keys
+    from zoo.engine.raw_keys import check_raw_keys
 
     warnings += check_raw_keys(cfg, layout)
     return warnings
@@ -144,7 +144,7 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
 
         _require(dist.is_mpi_available(), "parallel.backend=mpi: this torch was built without MPI; use "
                                           "parallel.backend=gloo (CPU) or nccl (CUDA), or null")
-    from zoo.schedules import SCHEDULES
+    from zoo.engine.schedules import SCHEDULES
 
     _require(cfg.optim.name in ("adamw", "sgd"),
              f"optim.name={cfg.optim.name!r} is unknown; choose optim=adamw or optim=sgd")

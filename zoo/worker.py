@@ -36,7 +36,7 @@ def _device(local_rank: int) -> torch.device:
 def init_distributed(cfg: Config) -> None:
     import deepspeed
 
-    from zoo import lean_start
+    from zoo.engine import lean_start
 
     lean_start.skip_shm_comm_op()
     lean_start.skip_muon_import(cfg.deepspeed)
@@ -246,7 +246,7 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     dist.barrier()
     clock.mark("data")
-    from zoo.checkpoint import native as native_checkpoint
+    from zoo.engine import native as native_checkpoint
     from zoo.rundir import check_space, expected_bytes
 
     problem = [None]

@@ -139,7 +139,7 @@ def test_a_half_written_checkpoint_is_never_used(run_zoo, tmp_path, checkpoint_r
     # What a kill during the write of step 4 leaves: a temporary directory, latest unmoved.
     partial = ckpts / ".step_0000004.tmp"
     shutil.copytree(ckpts / "step_0000003", partial)
-    (partial / "model-000.safetensors").write_bytes(b"truncated")
+    (partial / "shard-00000.safetensors").write_bytes(b"truncated")
     (partial / "state.json").unlink()
     resumed = run_zoo(*FAST, "trainer.max_steps=5", "resume=auto", run_dir=run_dir)
     assert "at step 3" in resumed.stdout and resumed.summary["steps"] == 5
@@ -159,6 +159,26 @@ CHAIN = [
 ]
 
 
+def assert_each_rank_wrote_its_share(ckpt, world: int, partitioned: bool) -> None:
+    """Every value of every tensor is in exactly one rank's shard; with `partitioned` (ZeRO,
+    dp = world) each rank's shard holds its 1/world of each tensor, not a whole one."""
+    import math
+
+    from zoo.checkpoint.boxes import intersect
+
+    indexes = [json.loads((ckpt / f"index-{r:05d}.json").read_text())["entries"] for r in range(world)]
+    assert sorted(f.name for f in ckpt.glob("shard-*.safetensors")) == [f"shard-{r:05d}.safetensors" for r in range(world)]
+    tensors = {e["tensor"]: e["shape"] for entries in indexes for e in entries}
+    for tensor, shape in tensors.items():
+        boxes = [(r, (tuple(e["offsets"]), tuple(e["sizes"]))) for r, entries in enumerate(indexes) for e in entries
+                 if e["tensor"] == tensor]
+        assert sum(math.prod(b[1]) for _, b in boxes) == math.prod(shape), tensor  # covered ...
+        assert all(intersect(a, b) is None for i, (_, a) in enumerate(boxes) for _, b in boxes[i + 1:]), tensor  # once
+        if partitioned and math.prod(shape) >= world:
+            per_rank = [sum(math.prod(b[1]) for r2, b in boxes if r2 == r) for r in range(world)]
+            assert max(per_rank) <= math.ceil(math.prod(shape) / world), (tensor, per_rank)
+
+
 def test_resume_on_another_layout(run_zoo, tmp_path, checkpoint_reference):
     run_dir, start = tmp_path / "chain", 0
     for layout, what, end in CHAIN:
@@ -171,6 +191,8 @@ def test_resume_on_another_layout(run_zoo, tmp_path, checkpoint_reference):
             assert f"read from its {'native' if 'same' in what else 'layout-free'} files" in run.stdout, what
         torch.testing.assert_close(torch.tensor([got[s] for s in mine]), torch.tensor([checkpoint_reference[s] for s in mine]),
                                    rtol=1e-5, atol=0, msg=lambda m: f"{what}: {m}")
+        if layout == ["parallel=zero3"]:  # what each of its 2 ranks wrote: half of every tensor
+            assert_each_rank_wrote_its_share(run_dir / "checkpoints" / f"step_{end:07d}", 2, partitioned=True)
         start = end
 
 

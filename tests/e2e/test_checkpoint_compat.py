@@ -1,6 +1,7 @@
-"""Checkpoints written by the code before the family restructuring still load: the old code
-(checked out from git history) writes, today's code resumes, and the resumed steps equal
-the old code's own uninterrupted steps."""
+"""Checkpoints written by older code still load: the code before the family restructuring,
+and the last code that wrote format 1 (whole tensors per pipeline stage, before the sharded
+format), each checked out from git history, writes; today's code resumes, on the same or
+another layout, and the resumed steps equal the old code's own uninterrupted steps."""
 from __future__ import annotations
 
 import shutil
@@ -13,19 +14,31 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 
-# The last commit before the restructuring into zoo/families, zoo/checkpoint and zoo/observe.
+# The last commit before the restructuring into zoo/families, zoo/checkpoint and zoo/observe,
+# and the last one that wrote format-1 checkpoints.
 OLD = "b9a0c46"
+FORMAT_1 = "6ed70a8"
 FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         "optim.decay_steps=4", "logger=none"]
 
 
+def _tree(tmp_path_factory, commit: str):
+    out = tmp_path_factory.mktemp(f"code_{commit}")
+    proc = subprocess.run(f"git -C {REPO} archive {commit} | tar -x -C {out}", shell=True, capture_output=True,
+                          text=True)
+    if proc.returncode != 0 or not (out / "zoo").is_dir():
+        pytest.skip(f"commit {commit} is not in this clone's history ({proc.stderr.strip()[:200]})")
+    return out
+
+
 @pytest.fixture(scope="module")
 def old_tree(tmp_path_factory):
-    out = tmp_path_factory.mktemp("old_code")
-    proc = subprocess.run(f"git -C {REPO} archive {OLD} | tar -x -C {out}", shell=True, capture_output=True, text=True)
-    if proc.returncode != 0 or not (out / "zoo" / "checkpoint.py").exists():
-        pytest.skip(f"commit {OLD} is not in this clone's history ({proc.stderr.strip()[:200]})")
-    return out
+    return _tree(tmp_path_factory, OLD)
+
+
+@pytest.fixture(scope="module")
+def format_1_tree(tmp_path_factory):
+    return _tree(tmp_path_factory, FORMAT_1)
 
 
 def losses(run) -> dict:
@@ -50,7 +63,7 @@ def test_a_checkpoint_of_the_old_code_resumes(run_zoo, old_tree, tmp_path, famil
     resumed = run_zoo(*common, f"resume={run_dir / 'step_0000002'}", run_dir=run_dir / "run")
     assert "at step 2" in resumed.stdout
     # Native files of the old pipeline's layer list are not this code's: the layout-free files are read.
-    assert "read from its layout-free files" in resumed.stdout
+    assert "read from its format-1 layout-free files" in resumed.stdout
     want = {s: l for s, l in losses(old).items() if s > 2}
     got = losses(resumed)
     if exact:
@@ -58,3 +71,19 @@ def test_a_checkpoint_of_the_old_code_resumes(run_zoo, old_tree, tmp_path, famil
     else:
         torch.testing.assert_close(torch.tensor([got[s] for s in want]), torch.tensor(list(want.values())),
                                    rtol=1e-5, atol=0)
+
+
+def test_a_format_1_checkpoint_of_the_last_main_resumes_on_another_layout(run_zoo, format_1_tree, tmp_path):
+    """Written under ZeRO-1 over 2 replicas by the last code of format 1, resumed under tp=2."""
+    common = [*FAST, "trainer.max_steps=4"]
+    run_zoo(*FAST, "trainer.max_steps=0", "checkpoint.save_final=false", run_dir=tmp_path / "warm")
+    old = run_zoo(*common, "parallel=zero1", "parallel.dp=2", "checkpoint.every=2", cwd=format_1_tree,
+                  env={"PYTHONPATH": str(format_1_tree)})
+    written = old.run_dir / "checkpoints" / "step_0000002"
+    assert '"zoo-checkpoint-1"' in (written / "state.json").read_text()
+    resumed = run_zoo(*common, "parallel=tp", f"resume={written}")
+    assert "at step 2" in resumed.stdout and "read from its format-1 layout-free files" in resumed.stdout
+    want = {s: l for s, l in losses(old).items() if s > 2}
+    got = losses(resumed)
+    torch.testing.assert_close(torch.tensor([got[s] for s in want]), torch.tensor(list(want.values())),
+                               rtol=1e-5, atol=0)

@@ -21,18 +21,18 @@ def two_checkpoints(run_zoo, tmp_path_factory):
 
 
 def _truncate(step):
-    f = step / "model-000.safetensors"
+    f = step / "shard-00000.safetensors"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-    return "model-000.safetensors has"
+    return "shard-00000.safetensors has"
 
 
 def _flip_4_kib(step):
-    f = step / "model-000.safetensors"
+    f = step / "shard-00000.safetensors"
     data = bytearray(f.read_bytes())
     middle = len(data) // 2
     data[middle:middle + 4096] = bytes(b ^ 0xFF for b in data[middle:middle + 4096])
     f.write_bytes(bytes(data))
-    return "model-000.safetensors does not match its checksum"
+    return "shard-00000.safetensors does not match its checksum"
 
 
 def _garbage_state(step):

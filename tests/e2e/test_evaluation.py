@@ -61,7 +61,7 @@ def test_a_resumed_run_keeps_the_best_loss_and_the_patience_count(run_zoo, tmp_p
 def test_a_wsd_schedule_resumed_on_another_layout_continues_exactly(run_zoo, tmp_path):
     """optim.schedule=wsd over 8 steps (warmup 2, decay over the last half): 4 steps on one
     process, then resumed under ZeRO-1 at dp 2: every logged lr is the closed-form curve."""
-    from zoo.schedules import lr_ratio
+    from zoo.engine.schedules import lr_ratio
 
     common = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.log_every=1", "optim.schedule=wsd",
               "optim.decay_fraction=0.5", "optim.warmup_steps=2", "optim.decay_steps=8", "optim.lr=1e-3",

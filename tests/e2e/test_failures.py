@@ -120,7 +120,7 @@ def test_a_loss_that_stays_non_finite_stops_and_keeps_the_last_good_checkpoint(r
     assert f"checkpoints/{last_good}" in run.stderr
     from safetensors.torch import load_file
 
-    assert load_file(str(run_dir / "checkpoints" / last_good / "model-000.safetensors"))
+    assert load_file(str(run_dir / "checkpoints" / last_good / "shard-00000.safetensors"))
 
 
 @pytest.fixture

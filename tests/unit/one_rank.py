@@ -10,7 +10,7 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 import torch, deepspeed
-from zoo import lean_start
+from zoo.engine import lean_start
 lean_start.skip_shm_comm_op(); lean_start.skip_muon_import({})
 deepspeed.init_distributed("gloo")
 

@@ -23,7 +23,7 @@ class ExecutesCode:
 def test_every_torch_load_during_a_native_load_is_weights_only(tmp_path):
     """DeepSpeed's universal-checkpoint and optimizer paths call torch.load(weights_only=False)
     themselves; inside the guard that flag is overridden and the refusal names the file."""
-    from zoo.checkpoint.native import RefusedPickle, weights_only_loading
+    from zoo.engine.native import RefusedPickle, weights_only_loading
 
     marker, hostile, plain = tmp_path / "code-ran", tmp_path / "optimizer_state.pt", tmp_path / "plain.pt"
     torch.save({"state": ExecutesCode(marker)}, hostile)
@@ -60,8 +60,8 @@ def test_data_position_carries_over_sample_by_sample(dp_before, dp_after):
 @pytest.mark.parametrize("zero_stage, setting, on", [(3, None, True), (1, None, False), (0, None, False),
                                                       (1, True, True), (3, False, False)])
 def test_native_files_by_default_only_under_zero3(zero_stage, setting, on):
-    from zoo.checkpoint.native import enabled
     from zoo.config.schema import Config
+    from zoo.engine.native import enabled
     from zoo.parallel.topology import Layout
 
     cfg = Config()

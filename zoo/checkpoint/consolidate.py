@@ -6,24 +6,16 @@ parameters appear once, under their first name.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Dict
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from zoo.engine.state import gathered
 from zoo.errors import CheckpointError
 from zoo.parallel.names import plain_name
 from zoo.parallel.sharding import gather_full, local_shard
-
-
-def _zero3_gathered(params):
-    if any(hasattr(p, "ds_id") for p in params):
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-    return contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -33,7 +25,7 @@ def full_parameters(module: nn.Module, tp_group=None, prefix: str = "") -> Dict[
     such rank must call it)."""
     named = list(module.named_parameters(prefix=prefix.rstrip(".")))
     out: Dict[str, torch.Tensor] = {}
-    with _zero3_gathered([p for _, p in named]):
+    with gathered([p for _, p in named]):
         for name, p in named:
             out[name] = gather_full(p.detach(), getattr(p, "tp_shard", None), tp_group).float().cpu().clone()
     persistent = {n for n, _ in module.named_buffers(prefix=prefix.rstrip("."))}

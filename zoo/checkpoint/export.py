@@ -41,10 +41,21 @@ def read_zoo(src: Path) -> Tuple[str, dict, State, Path]:
     if ckpt is None:
         raise ZooError(f"{src}: no checkpoint found (train with checkpoint.every=N)")
     state_json = read_state(ckpt)
-    state: State = {}
-    for f in sorted(ckpt.glob("model-*.safetensors")):
-        state.update(load_file(str(f)))
-    return state_json["family"], state_json["shape"], state, ckpt.parent.parent
+    return state_json["family"], state_json["shape"], dict(checkpoint_weights(ckpt, state_json)), ckpt.parent.parent
+
+
+def checkpoint_weights(ckpt: Path, state_json: dict):
+    """(plain name, full fp32 tensor) of each weight and buffer of a checkpoint, one at a time."""
+    from zoo.checkpoint import format1, sharded
+
+    if state_json["format"] == format1.FORMAT:
+        yield from format1.stage_tensors(ckpt, "model")
+        return
+    index = sharded.Index(ckpt)
+    for tensor in sorted(index.shapes):
+        kind, name = tensor.split("/", 1)
+        if kind == sharded.MODEL:
+            yield name, index.full(tensor)
 
 
 def export(src: Path, out: Path) -> Path:

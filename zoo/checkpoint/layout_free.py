@@ -1,22 +1,23 @@
 """Checkpoints in a layout-free format: save under one (tp, pp, dp, ZeRO) layout, resume
-under any other.
+under any other, pipeline degree included, with the data position.
 
-A checkpoint is a directory `checkpoints/step_NNNNNNN/` holding, per pipeline stage,
-`model-SSS.safetensors` (full fp32 master weights and buffers under the plain model's
-names) and `optim-SSS.safetensors` (AdamW's `exp_avg.NAME` / `exp_avg_sq.NAME`, full
-shape), plus `rng.safetensors` (each rank's torch RNG state) and `state.json` (step, data
-position, optimizer step, LR schedule, loss scale, layout, model shape). Each stage's
-(dp 0, tp 0) rank writes its own files, so stages write in parallel; tensor-parallel
-shards are gathered over the tp group and ZeRO partitions over the dp group first.
+A checkpoint is a directory `checkpoints/step_NNNNNNN/` holding every rank's shard of the
+weights and optimizer state (zoo.checkpoint.sharded: `shard-RRRRR.safetensors` and
+`index-RRRRR.json`; each rank writes only what it holds and a resume reads only what it
+needs), `rng.safetensors` (each rank's torch RNG state), `state.json` (format, step, data
+position, optimizer step, LR schedule, loss scale, layout, model shape) and
+`checksums.json` (every file's size and digest, each rank's computed as it wrote).
+Checkpoints of format 1 (per-stage files of whole tensors, zoo.checkpoint.format1) still
+resume.
 
-These files need no pickle to load: safetensors and JSON only. Every rank reads just the tensors it
-holds and slices its tensor-parallel shard. Writes go to a temporary directory that is
-renamed into place, and `checkpoints/latest` moves only after that, so a run killed while
-saving leaves the previous checkpoint usable. Same layout: the restore is exact, bit for bit.
+These files need no pickle to load: safetensors and JSON only. Writes go to a temporary
+directory that is renamed into place, and `checkpoints/latest` moves only after that, so a
+run killed while saving leaves the previous checkpoint usable. The restore is exact, bit
+for bit, on any layout.
 
-With `checkpoint.native` on (by default under ZeRO-3) a checkpoint also holds DeepSpeed's per-rank files
-(zoo/native_checkpoint.py): a resume on the very layout that wrote it reads only its own
-shards from them, and every other layout reads the layout-free files.
+With `checkpoint.native` on (by default under ZeRO-3) a checkpoint also holds DeepSpeed's
+per-rank files (zoo/engine/native.py): a resume on the very layout that wrote it reads them,
+and every other layout reads the layout-free files.
 """
 from __future__ import annotations
 
@@ -25,92 +26,19 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
-from zoo.checkpoint import native as native_checkpoint
+from zoo.checkpoint import format1, sharded
 from zoo.checkpoint.verify import damage, newest_intact, write_checksums
+from zoo.engine import native as native_checkpoint
+from zoo.engine import state as engine_state
 from zoo.errors import CheckpointError
-from zoo.parallel.names import plain_name
-from zoo.parallel.sharding import gather_full, local_shard
-from zoo.parallel.topology import tp_group
 
-FORMAT = "zoo-checkpoint-1"
-ADAM_KEYS = ("exp_avg", "exp_avg_sq")
-
-
-def state_keys(engine) -> Tuple[str, ...]:
-    """The per-parameter optimizer state a checkpoint keeps: AdamW's two moments, or SGD's
-    momentum buffer (none without momentum)."""
-    base = _base_optimizer(engine)
-    if isinstance(base, torch.optim.SGD):
-        return ("momentum_buffer",) if any(g.get("momentum", 0) for g in base.param_groups) else ()
-    return ADAM_KEYS
-
-
-def _base_optimizer(engine):
-    opt = engine.optimizer
-    return opt if isinstance(opt, torch.optim.Optimizer) and not hasattr(opt, "optimizer") else opt.optimizer
-
-
-def _ensure_optimizer_state(engine) -> None:
-    """Make AdamW's state readable and writable through the parameters.
-
-    ZeRO optimizers and the bf16 optimizer create their state at the first step; some link each
-    parameter to its fragment of it then; they link after the first parameter group's step,
-    before the later groups have state, and never again. So: create any missing state and
-    link all groups anew."""
-    opt, base = engine.optimizer, _base_optimizer(engine)
-    if base is opt:  # no ZeRO, fp32: state is read per parameter, zeros where missing
-        return
-    # ZeRO-3 keeps its flat fp32 partitions outside the base optimizer's groups between steps.
-    flats = getattr(opt, "fp32_partitioned_groups_flat", None) or [p for g in base.param_groups for p in g["params"]]
-    keys, adam = state_keys(engine), not isinstance(base, torch.optim.SGD)
-    for flat in flats:
-        state = base.state[flat]
-        if adam:
-            state.setdefault("step", torch.tensor(0.0))
-        for key in keys:  # SGD's first step from a zero buffer equals its own start (buffer = grad)
-            state.setdefault(key, torch.zeros_like(flat))
-    if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):  # ZeRO-3 reads its flat state directly
-        opt._hp_optimizer_states_linked = False
-        opt._lazy_init_hp_params_optimizer_state()
-
-
-def _unique_params(module: nn.Module) -> Iterator[Tuple[str, nn.Parameter]]:
-    seen = set()
-    for name, p in module.named_parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            yield name, p
-
-
-def _local_full(engine, p: nn.Parameter, key: Optional[str]) -> torch.Tensor:
-    """This tp rank's shard of the fp32 master weight (key None) or an AdamW state, with the
-    ZeRO partitions gathered (collective over the dp group under ZeRO)."""
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-
-    if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
-        t = safe_get_full_fp32_param(p) if key is None else safe_get_full_optimizer_state(p, key)
-        return t.reshape(p.ds_shape if hasattr(p, "ds_id") else p.shape)
-    if key is None:
-        return p.detach()
-    state = _base_optimizer(engine).state.get(p, {})
-    return state[key] if key in state else torch.zeros_like(p)
-
-
-def _full(engine, p: nn.Parameter, key: Optional[str], group) -> torch.Tensor:
-    return gather_full(_local_full(engine, p, key).float(), getattr(p, "tp_shard", None), group).cpu()
-
-
-def _optimizer_step(engine) -> int:
-    for state in _base_optimizer(engine).state.values():
-        if "step" in state:
-            return int(state["step"])
-    return 0
+FORMAT = "zoo-checkpoint-2"
+FORMATS = (format1.FORMAT, FORMAT)  # what a resume reads
 
 
 def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict, keep: int,
@@ -120,9 +48,7 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
     `best`) writes ckpt_root/name instead of step_N, which neither `latest` nor pruning touch."""
     from safetensors.torch import save_file
 
-    rank, group = dist.get_rank(), tp_group(grid)
-    stage = grid.get_stage_id()
-    _ensure_optimizer_state(engine)
+    rank = dist.get_rank()
     periodic = name is None
     name = name or f"step_{step:07d}"
     tmp = ckpt_root / f".{name}.tmp"
@@ -130,34 +56,24 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    writer = grid.get_data_parallel_rank() == 0 and grid.get_slice_parallel_rank() == 0
-    weights: Dict[str, torch.Tensor] = {}
-    optim: Dict[str, torch.Tensor] = {}
-    for pname, p in _unique_params(engine.module):
-        plain = plain_name(pname)
-        weights[plain] = _full(engine, p, None, group)
-        for key in state_keys(engine):
-            optim[f"{key}.{plain}"] = _full(engine, p, key, group)
-    for bname, b in engine.module.named_buffers():
-        if bname.rsplit(".", 1)[-1] in {"running_mean", "running_var", "num_batches_tracked"}:
-            weights[plain_name(bname)] = b.detach().cpu().clone()
-    if writer:
-        save_file(weights, str(tmp / f"model-{stage:03d}.safetensors"))
-        save_file(optim, str(tmp / f"optim-{stage:03d}.safetensors"))
+    written = sharded.write(engine, grid, tmp)
     rngs = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, torch.get_rng_state())
+    digests = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(written, digests, dst=0)
     if rank == 0:
         save_file({f"rank_{i}": r for i, r in enumerate(rngs)}, str(tmp / "rng.safetensors"))
-        state = {"format": FORMAT, "step": step, "consumed": consumed, "optimizer_step": _optimizer_step(engine),
+        state = {"format": FORMAT, "step": step, "consumed": consumed,
+                 "optimizer_step": engine_state.optimizer_step(engine),
                  "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
-                 "loss_scale": getattr(engine.optimizer, "cur_scale", None), **meta}
+                 "loss_scale": engine_state.saved_loss_scale(engine), "world_size": dist.get_world_size(), **meta}
         (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
     if native:
         native_checkpoint.save(engine, tmp)
     dist.barrier()
     final = ckpt_root / name
     if rank == 0:
-        write_checksums(tmp)  # last: a directory without it never finished
+        write_checksums(tmp, known={f: d for part in digests for f, d in part.items()})  # last: marks it finished
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         if periodic:
@@ -206,8 +122,9 @@ def resolve(resume: str, run_dir: Path) -> Tuple[Optional[Path], List[str]]:
 
 def read_state(path: Path) -> dict:
     state = json.loads((path / "state.json").read_text())
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a zoo checkpoint of format {FORMAT} (found {state.get('format')!r})")
+    if state.get("format") not in FORMATS:
+        raise CheckpointError(f"{path} is not a zoo checkpoint of a format this zoo reads ({', '.join(FORMATS)}; "
+                              f"found {state.get('format')!r})")
     return state
 
 
@@ -232,26 +149,11 @@ def _same(written, now) -> bool:
     return written == now
 
 
-class _Tensors:
-    """Lazy access to the tensors of all stage files of a checkpoint."""
-
-    def __init__(self, path: Path, kind: str):
-        from safetensors import safe_open
-
-        self.handles = [safe_open(str(f), framework="pt") for f in sorted(path.glob(f"{kind}-*.safetensors"))]
-        self.where = {k: h for h in self.handles for k in h.keys()}
-
-    def get(self, key: str) -> torch.Tensor:
-        if key not in self.where:
-            raise CheckpointError(f"the checkpoint has no tensor {key!r}: it was written for another model")
-        return self.where[key].get_tensor(key)
-
-
 def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = None) -> str:
     """Restore weights, optimizer, LR schedule, loss scale and RNG from `path` (whose
     state.json is `state`, from read_state) into this rank's engine, whatever layout wrote
     it. Returns how it was read: "native" (DeepSpeed's per-rank shards: the layout that wrote
-    it, native_key, is this one) or "layout-free"."""
+    it, native_key, is this one), "layout-free" (the sharded files) or "format-1 layout-free"."""
     if native_key is not None and native_checkpoint.usable(path, state, native_key):
         _refuse_pickles(path)
         try:
@@ -263,8 +165,17 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
                                   rank_local=True) from None
         how = "native"
     else:
-        _load_layout_free(engine, path, state)
-        how = "layout-free"
+        if state["format"] == format1.FORMAT:
+            format1.load(engine, path, state)
+            how = "format-1 layout-free"
+        else:
+            sharded.read(engine, path, state["optimizer_step"])
+            how = "layout-free"
+        engine_state.set_optimizer_step(engine, state["optimizer_step"])
+        if engine.lr_scheduler is not None and state.get("lr_scheduler"):
+            engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if state.get("loss_scale") is not None:
+            engine_state.set_loss_scale(engine, state["loss_scale"])
     if engine.lr_scheduler is not None:
         # The schedule's position is loaded, but the optimizer's learning rates are the ones
         # of the run that wrote the checkpoint (whose schedule may have been shorter): step the
@@ -275,7 +186,7 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
     rngs = load_file(str(path / "rng.safetensors"))
     key = f"rank_{dist.get_rank()}" if len(rngs) == dist.get_world_size() else "rank_0"
     torch.set_rng_state(rngs[key])
-    engine.global_steps = state["step"]
+    engine_state.set_global_steps(engine, state["step"])
     return how
 
 
@@ -292,45 +203,3 @@ def _refuse_pickles(path: Path) -> None:
         raise CheckpointError(f"refused to load the native checkpoint {path / native_checkpoint.TAG}: {refused[0]}"
                               f"{more}; it holds pickled objects outside the allowlist of plain data; resume with "
                               f"checkpoint.native=false to read the layout-free safetensors files")
-
-
-@torch.no_grad()
-def _load_layout_free(engine, path: Path, state: dict) -> None:
-    import deepspeed
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
-    _ensure_optimizer_state(engine)
-    weights, optim = _Tensors(path, "model"), _Tensors(path, "optim")
-    base = _base_optimizer(engine)
-    device = next(engine.module.parameters()).device
-    for pname, p in _unique_params(engine.module):
-        plain = plain_name(pname)
-        w = local_shard(weights.get(plain), p).to(device)
-        moments = {k: local_shard(optim.get(f"{k}.{plain}"), p).to(device) for k in state_keys(engine)}
-        if hasattr(p, "ds_id"):  # ZeRO-3: the fp32 partitions, then the model's partitions
-            safe_set_full_fp32_param(p, w)
-            for k, v in moments.items():
-                safe_set_full_optimizer_state(p, v, k)
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
-                p.data.copy_(w.to(p.dtype))
-        elif hasattr(p, "_hp_mapping"):  # ZeRO-1/2 and the bf16 optimizer
-            safe_set_full_fp32_param(p, w)
-            for k, v in moments.items():
-                safe_set_full_optimizer_state(p, v, k)
-            p.data.copy_(w.to(p.dtype))
-        else:
-            p.data.copy_(w.to(p.dtype))
-            step = {} if isinstance(base, torch.optim.SGD) else {"step": torch.tensor(float(state["optimizer_step"]))}
-            base.state[p] = {**step, **moments}
-    for bname, b in engine.module.named_buffers():
-        key = plain_name(bname)
-        if key in weights.where:
-            b.copy_(weights.get(key))
-    for s in base.state.values():
-        if "step" in s:
-            s["step"] = torch.full_like(s["step"], state["optimizer_step"]) if torch.is_tensor(s["step"]) \
-                else state["optimizer_step"]
-    if engine.lr_scheduler is not None and state.get("lr_scheduler"):
-        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-    if state.get("loss_scale") is not None and hasattr(engine.optimizer, "cur_scale"):
-        engine.optimizer.cur_scale = state["loss_scale"]

@@ -21,9 +21,12 @@ from zoo.errors import CheckpointError
 CHECKSUMS = "checksums.json"
 
 
-def write_checksums(directory: Path) -> None:
-    """Record the size and digest of every file under `directory` (call when it is complete)."""
-    record = manifest(directory, exclude=(CHECKSUMS,))
+def write_checksums(directory: Path, known: Optional[dict] = None) -> None:
+    """Record the size and digest of every file under `directory` (call when it is complete);
+    `known`: {relative path: {bytes, xxh3_64}} of files whose digests their writers computed
+    as they wrote them (each rank its shard), which are not read again."""
+    known = known or {}
+    record = {**manifest(directory, exclude=(CHECKSUMS, *known)), **known}
     tmp = directory / (CHECKSUMS + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(record, fh, indent=1)

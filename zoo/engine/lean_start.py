@@ -19,9 +19,11 @@ registered as a stand-in whose MuonWithAuxAdam no optimizer is an instance of, s
 those checks answers no without the import.
 
 (torch._dynamo, which torch.optim's methods import at their first call, is skipped by handing
-DeepSpeed zoo.optimizers' subclasses of torch's AdamW and SGD instead.)
+DeepSpeed zoo.engine.optimizers' subclasses of torch's AdamW and SGD instead.)
 """
 from __future__ import annotations
+
+from zoo.engine.versions import MUON_MODULES
 
 
 def skip_shm_comm_op() -> None:
@@ -37,7 +39,7 @@ def skip_shm_comm_op() -> None:
         deepspeed.ops.__compatible_ops__ = {builder.NAME: False}
 
 
-MUON = ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.zero.muon.original_muon")
+MUON = MUON_MODULES
 
 
 class MuonWithAuxAdam:
@@ -45,7 +47,7 @@ class MuonWithAuxAdam:
 
 
 def _not_used(*_args, **_kwargs):
-    raise RuntimeError("zoo.lean_start: DeepSpeed's Muon was skipped at start (zoo builds no Muon optimizer)")
+    raise RuntimeError("zoo.engine.lean_start: DeepSpeed's Muon was skipped at start (zoo builds no Muon optimizer)")
 
 
 def skip_muon_import(raw_deepspeed: dict) -> bool:
@@ -59,7 +61,7 @@ def skip_muon_import(raw_deepspeed: dict) -> bool:
     if "muon" in kind.lower() or any(name in sys.modules for name in MUON):
         return False
     for name in MUON:
-        stand_in = types.ModuleType(name, "zoo.lean_start's stand-in: zoo builds no Muon optimizer")
+        stand_in = types.ModuleType(name, "zoo.engine.lean_start's stand-in: zoo builds no Muon optimizer")
         stand_in.MuonWithAuxAdam = MuonWithAuxAdam
         stand_in.muon_update = stand_in.adam_update = _not_used
         sys.modules[name] = stand_in

@@ -13,7 +13,7 @@ few plain DeepSpeed data classes its files hold: a file that needs anything else
 Two layers: DeepSpeed's checkpoint engine is swapped for one that loads weights-only, and
 every `torch.load` made while DeepSpeed loads (its universal-checkpoint and optimizer paths
 call `torch.load(weights_only=False)` themselves, past the engine) is forced weights-only too.
-Validation also refuses `deepspeed.checkpoint.load_universal` before launch (zoo.deepspeed_check).
+Validation also refuses `deepspeed.checkpoint.load_universal` before launch (zoo.engine.raw_keys).
 """
 from __future__ import annotations
 

@@ -78,9 +78,9 @@ def build(block: Dict[str, Any], param_groups: List[Dict[str, Any]]) -> torch.op
     kind, params = block["type"], dict(block["params"])
     if kind == "AdamW":
         if not params.pop("torch_adam", False):
-            raise ValueError("zoo.optimizers.build: zoo's AdamW block is torch's AdamW (torch_adam)")
+            raise ValueError("zoo.engine.optimizers.build: zoo's AdamW block is torch's AdamW (torch_adam)")
         _register_with_zero()
         return AdamW(param_groups, **params)
     if kind == "SGD":
         return SGD(param_groups, **params)
-    raise ValueError(f"zoo.optimizers.build: no eager optimizer for type {kind!r}")
+    raise ValueError(f"zoo.engine.optimizers.build: no eager optimizer for type {kind!r}")

@@ -42,15 +42,11 @@ class CommTimer:
                     self._patch(module, name, self._timed(name, fn))
         work = c10d.Work
         self._patch(work, "wait", self._timed("wait", work.wait))
-        try:  # DeepSpeed's torch backend took these two functions when it was created
-            from deepspeed.comm import comm as ds_comm
+        from zoo.engine.comm import backend_functions
 
-            cdb = ds_comm.cdb
-            if cdb is not None and hasattr(cdb, "all_gather_function"):
-                self._patch(cdb, "all_gather_function", cdb.get_all_gather_function())
-                self._patch(cdb, "reduce_scatter_function", cdb.get_reduce_scatter_function())
-        except ImportError:
-            pass
+        # DeepSpeed's backend took these when it was created: given torch's again, now the timed ones
+        for obj, name, fn in backend_functions():
+            self._patch(obj, name, fn)
 
     def uninstall(self) -> None:
         for obj, name, old in reversed(self._restore):

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from zoo.engine import state as engine_state
 from zoo.observe.comm_timer import CommTimer
 from zoo.observe.flops import device_peak_flops, model_flops_per_sample
 from zoo.observe.metrics import peak_memory_bytes
@@ -57,33 +58,6 @@ def device_memory_bytes(device: torch.device) -> int:
     import psutil
 
     return psutil.virtual_memory().total // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def keep_fp32_grad_norm(engine) -> None:
-    """DeepSpeed computes the gradient norm when it clips fp32 gradients without ZeRO, but
-    keeps it only on its other paths: the same call, its result kept for get_global_grad_norm."""
-    if engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization():
-        return
-    from deepspeed.runtime.utils import clip_grad_norm_
-
-    def clip_fp32_gradients():
-        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
-                                                   max_norm=engine.gradient_clipping(), mpu=engine.mpu)
-
-    engine.clip_fp32_gradients = clip_fp32_gradients
-
-
-def loss_scale(engine) -> Optional[float]:
-    """The dynamic loss scale of an fp16 engine (DeepSpeed's optimizers name it differently)."""
-    if not engine.fp16_enabled():
-        return None
-    opt = engine.optimizer
-    for attr in ("cur_scale", "loss_scale"):
-        value = getattr(opt, attr, None)
-        if value is not None:
-            return float(value)
-    return None
-
 
 
 # -- GPU utilization ----------------------------------------------------------------------------
@@ -183,7 +157,7 @@ class Monitor:
     def __init__(self, *, task, engine, cfg, layout, device: torch.device, rank: int):
         t = cfg.trainer
         self.engine, self.layout, self.device, self.rank = engine, layout, device, rank
-        keep_fp32_grad_norm(engine)
+        engine_state.keep_fp32_grad_norm(engine)
         self.samples_per_step = t.global_batch_size
         self.tokens_per_sample = task.tokens_per_sample()
         self.tokens_per_step = t.global_batch_size * self.tokens_per_sample
@@ -250,7 +224,7 @@ class Monitor:
         utils = ranks[:, 3][~torch.isnan(ranks[:, 3])]
         record = {
             "step": step, "loss": loss, "lr": self.engine.get_lr()[0], "grad_norm": self.engine.get_global_grad_norm(),
-            "loss_scale": loss_scale(self.engine),
+            "loss_scale": engine_state.loss_scale(self.engine),
             "tokens_per_s": self.tokens_per_step / step_time, "samples_per_s": self.samples_per_step / step_time,
             "step_time_s": step_time, "mfu": self.mfu(step_time),
             "peak_mem_bytes": int(ranks[:, 2].max()), "peak_mem_share": float(ranks[:, 2].max()) / self.device_memory,

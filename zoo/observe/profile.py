@@ -35,15 +35,6 @@ def profile_dir(cfg, run_dir: Path) -> Path:
     return Path(cfg.trainer.profile.dir).expanduser() if cfg.trainer.profile.dir else run_dir / "profile"
 
 
-def _pipeline_names():
-    from deepspeed.runtime.pipe import schedule as s
-
-    return {s.ForwardPass: "forward", s.BackwardPass: "backward", s.OptimizerStep: "optimizer",
-            s.ReduceGrads: "optimizer", s.ReduceTiedGrads: "optimizer", s.LoadMicroBatch: "data",
-            s.SendActivation: "send/recv", s.RecvActivation: "send/recv", s.SendGrad: "send/recv",
-            s.RecvGrad: "send/recv"}
-
-
 def _marked(fn, name: str):
     def run(self, **kwargs):
         with torch.profiler.record_function(f"zoo.{name}"):
@@ -94,17 +85,19 @@ class ProfileWindow:
         self.prof.start()
         self.comm.annotate = True
         if self.pipelined:  # DeepSpeed's schedule instructions, each marked by its kind
-            base = type(self.engine)._INSTRUCTION_MAP
-            names = _pipeline_names()
-            self.engine._INSTRUCTION_MAP = {k: _marked(fn, names[k]) if k in names else fn for k, fn in base.items()}
+            from zoo.engine.pipeline import wrap_instructions
+
+            wrap_instructions(self.engine, _marked)
         self.t0 = time.perf_counter()
 
     def abort(self) -> None:
         """A step of the window failed: stop profiling, give stderr back (what was held is written)."""
         if self.prof is not None:
             self.comm.annotate = False
-            if self.pipelined and "_INSTRUCTION_MAP" in vars(self.engine):
-                del self.engine._INSTRUCTION_MAP
+            if self.pipelined:
+                from zoo.engine.pipeline import unwrap_instructions
+
+                unwrap_instructions(self.engine)
             with contextlib.suppress(Exception):
                 self.prof.stop()
             self.prof = None
@@ -127,7 +120,9 @@ class ProfileWindow:
         window_s = time.perf_counter() - self.t0
         self.comm.annotate = False
         if self.pipelined:
-            del self.engine._INSTRUCTION_MAP
+            from zoo.engine.pipeline import unwrap_instructions
+
+            unwrap_instructions(self.engine)
         self.prof.add_metadata_json("zoo", json.dumps({"rank": self.rank, **self.coords,
                                                        "host": socket.gethostname()}))
         self.prof.stop()

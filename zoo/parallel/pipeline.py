@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
+from zoo.engine.pipeline import LayerListPipelineModule
 from zoo.parallel.topology import Layout, build_topology
 
 
@@ -35,10 +36,6 @@ def _hold(root: nn.Module, path: str, module: nn.Module) -> None:
             root.add_module(name, nn.Module())
         root = getattr(root, name)
     root.add_module(leaf, module)
-
-
-def _unique_parameters(modules) -> List[nn.Parameter]:
-    return list({id(p): p for m in modules for p in m.parameters()}.values())
 
 
 class StageLayer(nn.Module):
@@ -57,36 +54,6 @@ class StageLayer(nn.Module):
         return self.layer(self, x)
 
 
-class ZooPipelineModule(PipelineModule):
-    def layer_names(self) -> List[str]:
-        """Each pipeline layer by the classes of its parts (`Block`, `Embedding+Linear`): what
-        partition_method=type:REGEX matches (every spec's own class is StageLayer)."""
-        meta = self._layer_specs[0].module_args[0]
-        return ["+".join(type(meta.get_submodule(path)).__name__ for path in layer.paths)
-                for layer in meta.pipeline_layers()]
-
-    def _find_layer_type(self, layername):
-        import re
-
-        from zoo.errors import ConfigError
-
-        names = self.layer_names()
-        found = [i for i, name in enumerate(names) if re.search(layername, name, re.IGNORECASE)]
-        if not found:
-            kinds = list(dict.fromkeys(names))
-            common = max(kinds, key=names.count)  # the repeated layer (a transformer block)
-            raise ConfigError(f"parallel.partition_method=type:{layername} matches none of the pipeline's layers "
-                              f"({', '.join(kinds)}); give a regular expression that matches the ones to balance, "
-                              f"e.g. type:{common}")
-        return found
-
-    def _count_layer_params(self):
-        """The partitioner's weights, counted on the meta model (no layer is built)."""
-        meta = self._layer_specs[0].module_args[0]
-        return [sum(p.numel() for p in _unique_parameters(meta.get_submodule(path) for path in layer.paths))
-                for layer in meta.pipeline_layers()]
-
-
 def pipeline_module(meta_model: nn.Module, layout: Layout, materialise: Callable[[nn.Module], None], *, loss_fn,
                     partition_method: str, activation_checkpointing: bool,
                     dynamic_shape: bool = False) -> PipelineModule:
@@ -98,7 +65,7 @@ def pipeline_module(meta_model: nn.Module, layout: Layout, materialise: Callable
                                        tied_weight_attr=[layer.tied_weight]))
         else:
             specs.append(LayerSpec(StageLayer, meta_model, index, materialise))
-    return ZooPipelineModule(
+    return LayerListPipelineModule(
         layers=specs, topology=build_topology(layout), loss_fn=loss_fn, partition_method=partition_method,
         activation_checkpoint_interval=1 if activation_checkpointing else 0,
         activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),

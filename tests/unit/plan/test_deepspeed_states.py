@@ -83,10 +83,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
-    from zoo import lean_start
     from zoo.build import build_model
     from zoo.config.schema import Config
-    from zoo.engine import initialize_engine
+    from zoo.engine import initialize_engine, lean_start
     from zoo.families import model_dims
     from zoo.parallel.topology import Layout, build_grid
 
@@ -121,10 +120,9 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
-    from zoo import lean_start
     from zoo.build import build, build_model
     from zoo.config.schema import Config
-    from zoo.engine import initialize_engine, param_groups
+    from zoo.engine import initialize_engine, lean_start, param_groups
     from zoo.families import model_dims
     from zoo.parallel.topology import Layout, build_grid, tp_group
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from zoo.schedules import SCHEDULES, lr_ratio, make_scheduler
+from zoo.engine.schedules import SCHEDULES, lr_ratio, make_scheduler
 
 WARMUP, TOTAL, MIN = 10, 100, 0.1
 

@@ -1,11 +1,11 @@
-"""zoo.optimizers: torch's AdamW and SGD without torch._dynamo's wrappers in an eager run; the
+"""zoo.engine.optimizers: torch's AdamW and SGD without torch._dynamo's wrappers in an eager run; the
 same arithmetic and state as torch's, inside a graph the decorated methods, and the engine
 zoo builds uses them (DeepSpeed's own where the raw config names another optimizer)."""
 import pytest
 import torch
 
 from tests.unit.one_rank import run_one_rank
-from zoo import optimizers
+from zoo.engine import optimizers
 
 
 def _params(seed=0):
@@ -92,7 +92,7 @@ def test_build_refuses_what_it_does_not_build():
 
 
 ENGINE = """
-from zoo import optimizers
+from zoo.engine import optimizers
 from zoo.config.schema import Config
 from zoo.engine import initialize_engine
 from zoo.parallel.topology import Layout, build_grid

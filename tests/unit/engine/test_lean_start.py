@@ -12,7 +12,7 @@ import subprocess, deepspeed.ops
 ran = []
 real = subprocess.Popen
 subprocess.Popen = lambda *a, **k: ran.append(a) or real(*a, **k)
-from zoo import lean_start
+from zoo.engine import lean_start
 lean_start.skip_shm_comm_op()
 from deepspeed.comm.torch import build_shm_op
 assert build_shm_op() is None
@@ -27,7 +27,7 @@ print("ok", len(ran))
 def test_a_probed_table_keeps_its_other_entries():
     import deepspeed.ops
 
-    from zoo import lean_start
+    from zoo.engine import lean_start
 
     before = dict(deepspeed.ops.__compatible_ops__)  # probes here
     try:
@@ -99,7 +99,7 @@ MUON_STEPS = """
 import os, sys
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
 import torch, deepspeed
-from zoo import lean_start
+from zoo.engine import lean_start
 lean_start.skip_shm_comm_op()
 print("skipped", lean_start.skip_muon_import(eval(sys.argv[2])))
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
@@ -130,6 +130,6 @@ def test_zero_engines_start_and_step_without_deepspeeds_muon_and_torch_inductor(
         return [line for line in out.stdout.splitlines() if line.startswith(("skipped", "inductor"))]
 
     assert run("{}") == ["skipped True", "inductor False"]
-    code = "from zoo import lean_start; print(lean_start.skip_muon_import({'optimizer': {'type': 'MuonWithAuxAdam'}}))"
+    code = "from zoo.engine import lean_start; print(lean_start.skip_muon_import({'optimizer': {'type': 'MuonWithAuxAdam'}}))"
     asked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert asked.stdout.strip() == "False", asked.stderr[-2000:]

@@ -1,0 +1,237 @@
+"""Per-rank memory of the transitions around the training step: a GPT of about 60M parameters
+on 4 gloo ranks, under tp2 x dp2 (ZeRO-1), zero3 x dp4 and pp2 x dp2 (ZeRO-1).
+
+    python benchmarks/memory_phases.py [--layers 8 --embd 768] [--only tp2-dp2 ...]
+
+Each rank samples its resident memory every 20 ms (RssAnon and RssFile of /proc/self/status;
+MALLOC_MMAP_THRESHOLD_=65536 so that freed blocks leave RSS) and prints, for each phase,
+its peak rise over the memory it held when the phase began, as a multiple of its share
+(its own parameters x 4 B + its optimizer partition x 12 B: fp32 master and AdamW's two
+moments) and against the largest tensor's fp32 bytes: build (model and engine), steps,
+save (the sharded checkpoint), resume on the same layout, resume under another layout (the
+next layout in the list reads this one's checkpoint), save_final (the consolidated weights
+on rank 0), and the time of save and load. Target (#35): every transition raises a rank's
+peak by at most max(0.25 x share, the largest tensor's fp32 bytes); save time under tp and
+ZeRO-3 within 1.2x of the same model's save under ddp.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+LAYOUTS = {  # name: (tp, pp, dp, zero_stage)
+    "tp2-dp2": (2, 1, 2, 1),
+    "zero3-dp4": (1, 1, 4, 3),
+    "pp2-dp2": (1, 2, 2, 1),
+    "ddp4": (1, 1, 4, 0),
+}
+
+
+class Sampler:
+    """The process's peak RssAnon + RssFile since the last mark, sampled every 20 ms."""
+
+    def __init__(self):
+        self.peak = self.now()
+        self.stop = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    @staticmethod
+    def now() -> int:
+        fields = {}
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0]) * 1024
+        return fields["RssAnon"] + fields["RssFile"]
+
+    def _run(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.02)
+
+    def phase(self, fn):
+        """(fn's result, the peak rise while it ran, its seconds)."""
+        import gc
+
+        gc.collect()
+        base = self.peak = self.now()
+        t0 = time.perf_counter()
+        out = fn()
+        took = time.perf_counter() - t0
+        self.peak = max(self.peak, self.now())
+        return out, self.peak - base, took
+
+
+def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: str, read_from: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    import torch
+
+    torch.set_num_threads(1)
+    import deepspeed
+
+    from zoo.engine import lean_start
+
+    lean_start.skip_shm_comm_op()
+    lean_start.skip_muon_import({})
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    import torch.distributed as dist
+
+    from zoo import checkpoint
+    from zoo.build import build
+    from zoo.checkpoint.boxes import full_shape
+    from zoo.checkpoint.consolidate import consolidated_state_dict
+    from zoo.checkpoint.weights import save_weights
+    from zoo.config.schema import Config, ModelConfig
+    from zoo.engine import initialize_engine
+    from zoo.engine import state as engine_state
+    from zoo.families import model_dims
+    from zoo.parallel.topology import Layout, build_grid, tp_group
+
+    tp, pp, dp, zero = LAYOUTS[layout_name]
+    layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero)
+    model_cfg = ModelConfig(family="gpt", size="tiny", n_layer=args.layers, n_head=args.heads, n_embd=args.embd,
+                            block_size=args.block)
+    shape = model_dims(model_cfg, args.vocab)
+    cfg = Config(model=model_cfg)
+    cfg.trainer.micro_batch_size = 1
+    cfg.trainer.global_batch_size = dp * (3 * pp if pp > 1 else 1)
+    sampler = Sampler()
+    grid = build_grid(layout)
+
+    def make():
+        model = build(shape, layout, seed=0, device=torch.device("cpu"), tp_group=tp_group(grid),
+                      partition_method="parameters", activation_checkpointing=False)
+        return initialize_engine(model, cfg, layout, grid)
+
+    engine, build_rise, _ = sampler.phase(make)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randint(0, args.vocab, (1, shape.block_size), generator=gen)
+
+    def steps():
+        for _ in range(2):
+            if pp > 1:
+                engine.train_batch(iter([(x, x)] * (3 * pp)))
+            else:
+                engine.backward(engine(x, x))
+                engine.step()
+
+    _, step_rise, _ = sampler.phase(steps)
+    share = 0
+    largest = 0
+    for p in {id(p): p for p in engine.module.parameters()}.values():
+        start, numel, _ = engine_state.held_range(p)
+        share += engine_state.held(p).numel() * 4 + numel * 12
+        largest = max(largest, math.prod(full_shape(engine_state.full_shape(p), getattr(p, "tp_shard", None))) * 4)
+    meta = {"family": "gpt", "shape": {k: v for k, v in vars(shape).items() if k != "dropout"}, "optimizer": "adamw"}
+    root = Path(ckpt_dir)
+    row = {"rank": rank, "layout": layout_name, "share": share, "largest": largest, "build": build_rise,
+           "steps": step_rise}
+    if read_from:  # a resume under this layout from the previous layout's checkpoint
+        path = Path(read_from)
+        state = checkpoint.read_state(path)
+        dist.barrier()
+        _, row["resume_other"], row["resume_other_s"] = sampler.phase(
+            lambda: checkpoint.load(engine, grid, path, state))
+    saved, row["save"], row["save_s"] = sampler.phase(
+        lambda: checkpoint.save(engine, grid, root, step=2, consumed=0, meta=meta, keep=1))
+    state = checkpoint.read_state(saved)
+    dist.barrier()
+    _, row["resume_same"], row["resume_same_s"] = sampler.phase(lambda: checkpoint.load(engine, grid, saved, state))
+
+    def final():
+        weights = consolidated_state_dict(engine.module, grid)
+        if rank == 0:
+            save_weights(weights, root / "model.safetensors", meta)
+
+    dist.barrier()
+    _, row["save_final"], _ = sampler.phase(final)
+    bytes_on_disk = sum(f.stat().st_size for f in saved.glob("shard-*.safetensors")) if rank == 0 else 0
+    row["checkpoint_bytes"] = bytes_on_disk
+    Path(out, f"{layout_name}-{rank}.json").write_text(json.dumps(row))
+    sampler.stop = True
+    from zoo.worker import leave_process_group
+
+    leave_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_layout(args, name: str, ckpt_dir: str, read_from: str, out: str) -> None:
+    import torch.multiprocessing as mp
+
+    tp, pp, dp, _ = LAYOUTS[name]
+    mp.spawn(_rank, args=(tp * pp * dp, _free_port(), args, name, ckpt_dir, read_from, out), nprocs=tp * pp * dp)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--embd", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--block", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--only", nargs="+", choices=sorted(LAYOUTS), default=["ddp4", "tp2-dp2", "zero3-dp4",
+                                                                                "pp2-dp2"])
+    args = parser.parse_args(argv)
+    for key in ("layers", "embd", "heads", "block", "vocab"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key} must be positive, got {getattr(args, key)}")
+    if args.embd % args.heads:
+        parser.error(f"--embd {args.embd} must be a multiple of --heads {args.heads}")
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed blocks leave RSS (the ranks inherit it)
+    work = Path(tempfile.mkdtemp(prefix="zoo-memory-"))
+    out = work / "rows"
+    out.mkdir()
+    previous = ""
+    for name in args.only:
+        ckpt = work / name
+        run_layout(args, name, str(ckpt), previous, str(out))
+        previous = str(ckpt / "step_0000002")
+    rows = [json.loads(f.read_text()) for f in sorted(out.glob("*.json"))]
+    params = None
+    print(f"GPT {args.layers}L d{args.embd} vocab {args.vocab}, 4 ranks; rise of each rank's peak RSS in a phase as "
+          f"a multiple of its share (params x 4 B + optimizer partition x 12 B); target <= max(0.25, largest "
+          f"tensor / share)")
+    phases = ["build", "steps", "save", "resume_same", "resume_other", "save_final"]
+    print(f"{'layout':10} {'rank':>4} {'share MiB':>9} {'bound':>6} " + " ".join(f"{p:>12}" for p in phases)
+          + f" {'save s':>7} {'load s':>7}")
+    worst = {}
+    for r in rows:
+        bound = max(0.25, r["largest"] / r["share"])
+        cells = []
+        for p in phases:
+            if p not in r:
+                cells.append(f"{'-':>12}")
+                continue
+            ratio = r[p] / r["share"]
+            cells.append(f"{ratio:>11.2f}{'*' if ratio > bound else ' '}")
+            if p not in ("build", "steps"):
+                worst[(r["layout"], p)] = max(worst.get((r["layout"], p), 0), ratio / bound)
+        print(f"{r['layout']:10} {r['rank']:>4} {r['share'] / 2**20:>9.1f} {bound:>6.2f} " + " ".join(cells)
+              + f" {r['save_s']:>7.2f} {r['resume_same_s']:>7.2f}")
+        params = params or r
+    print("(* above the bound)")
+    save_s = {name: max(r["save_s"] for r in rows if r["layout"] == name) for name in args.only}
+    if "ddp4" in save_s:
+        for name in args.only:
+            if name != "ddp4":
+                print(f"save time {name} / ddp4: {save_s[name] / save_s['ddp4']:.2f} (target <= 1.2)")
+    over = sorted(k for k, v in worst.items() if v > 1)
+    print("transitions over the bound: " + (", ".join(f"{a} {b}" for a, b in over) if over else "none"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

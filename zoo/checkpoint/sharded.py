@@ -1,0 +1,279 @@
+"""The sharded checkpoint (format 2): every rank writes what it holds and reads what it needs.
+
+Each rank writes `shard-RRRRR.safetensors`, the boxes (zoo.checkpoint.boxes) of the full
+tensors it holds: of its pipeline stage's parameters, its tensor-parallel shard, and of that
+its ZeRO partition or fragment of the fp32 master weights and each optimizer state; what
+several ranks hold alike is written once (a replicated range split over the data-parallel
+ranks, a tensor that tensor parallelism does not split by its tp rank 0, a weight tied
+across stages by its first stage). Beside it `index-RRRRR.json` says which box of which
+tensor each entry is. Nothing is gathered over any group, and a rank writes tensor by
+tensor (zoo.checkpoint.stream_write), so a save holds no more than one piece at a time
+besides what the rank already holds.
+
+A resume reads every index, then for each of its own parameters fills what it holds (its
+fp32 partition, optimizer-state partitions and the model's copy) in place, from the
+intersections of the saved boxes with the ones it needs, read as slices of the memory-
+mapped shards: any tp x pp x dp x ZeRO layout reads any other's, bit for bit.
+
+Why not torch.distributed.checkpoint: its metadata file is a pickle (FileSystemReader's
+read_metadata calls pickle.load) and zoo loads no pickle; and a ZeRO-1/2 fragment is a flat
+range of a parameter, not the rectangular chunk of a DTensor its planner describes, so the
+boxes above, and a reader for them, would be needed anyway.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from zoo.checkpoint.boxes import Box, flat_boxes, full_shape, intersect, slices, to_full
+from zoo.checkpoint.stream_write import DTYPES, StreamWriter
+from zoo.engine import state as engine_state
+from zoo.errors import CheckpointError
+from zoo.parallel.names import plain_name
+
+MODEL = "model"  # the fp32 master weights (and buffers); optimizer states go under their own key
+
+
+def _unique_params(module: nn.Module) -> Iterator[Tuple[str, nn.Parameter]]:
+    seen = set()
+    for name, p in module.named_parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            yield name, p
+
+
+def state_buffers(module: nn.Module) -> Dict[str, torch.Tensor]:
+    """The module's buffers that are part of its state (persistent, in its state_dict: a
+    BatchNorm's running statistics), by plain name; not a cache like rotary tables."""
+    persistent = dict(module.named_buffers())
+    return {plain_name(n): b for n, b in module.state_dict(keep_vars=True).items() if n in persistent}
+
+
+def _split(numel: int, parts: int, index: int) -> Tuple[int, int]:
+    """(start, numel) of part `index` of [0, numel) cut into `parts` near-equal ranges."""
+    size = math.ceil(numel / parts) if numel else 0
+    start = min(numel, index * size)
+    return start, min(numel, start + size) - start
+
+
+def _ravel(offsets, shape) -> int:
+    index = 0
+    for o, s in zip(offsets, shape):
+        index = index * s + o
+    return index
+
+
+# -- save -----------------------------------------------------------------------------------
+def _writers(engine, grid) -> Dict[str, int]:
+    """The pipeline stage that writes each parameter and buffer: the first that holds it."""
+    names = {plain_name(n) for n, _ in _unique_params(engine.module)} | set(state_buffers(engine.module))
+    held = [None] * dist.get_world_size()
+    dist.all_gather_object(held, (grid.get_stage_id(), sorted(names)))
+    first: Dict[str, int] = {}
+    for stage, found in held:
+        for name in found:
+            first[name] = min(stage, first.get(name, stage))
+    return first
+
+
+def _pieces(engine, grid, writers) -> List[tuple]:
+    """What this rank writes: (tensor, full shape, full box, dtype, source, flat offset in
+    source, the box's shape, the piece within it) for each box, `source` a callable giving the
+    flat tensor the box is cut from (parameters' values and states are fp32)."""
+    stage, tp_rank = grid.get_stage_id(), grid.get_slice_parallel_rank()
+    dp_rank, dp = grid.get_data_parallel_rank(), grid.get_data_parallel_world_size()
+    keys = engine_state.state_keys(engine)
+    out = []
+    for pname, p in _unique_params(engine.module):
+        plain, spec = plain_name(pname), getattr(p, "tp_shard", None)
+        if writers[plain] != stage or (spec is None and tp_rank != 0):
+            continue
+        local = tuple(engine_state.full_shape(p))
+        full = full_shape(local, spec)
+        start, numel, replicated = engine_state.held_range(p)
+        held_start = start
+        if replicated:  # written once: each data-parallel rank its part
+            offset, numel = _split(numel, dp, dp_rank)
+            start += offset
+        sources = [(MODEL, lambda p=p: engine_state.fp32_held(engine, p))]
+        sources += [(key, lambda p=p, key=key: engine_state.optimizer_held(engine, p, key)) for key in keys]
+        for box in flat_boxes(local, start, numel):
+            flat = _ravel(box[0], local) - held_start
+            for full_box, within in to_full(box, spec, full):
+                for kind, source in sources:
+                    out.append((f"{kind}/{plain}", full, full_box, torch.float32, source, flat, box[1], within))
+    if tp_rank == 0 and dp_rank == 0:
+        for name, b in state_buffers(engine.module).items():
+            if writers[name] == stage:
+                box = ((0,) * b.dim(), tuple(b.shape))
+                out.append((f"{MODEL}/{name}", tuple(b.shape), box, b.dtype, lambda b=b: b.detach().reshape(-1), 0,
+                            tuple(b.shape), box))
+    return out
+
+
+@torch.no_grad()
+def write(engine, grid, directory: Path) -> Dict[str, dict]:
+    """Write this rank's shard and index into `directory` (collective: every rank calls it);
+    returns their {file name: {bytes, xxh3_64}} for the checkpoint's checksums."""
+    engine_state.ensure_optimizer_state(engine)
+    rank = dist.get_rank()
+    pieces = _pieces(engine, grid, _writers(engine, grid))
+    shard, index_name = f"shard-{rank:05d}.safetensors", f"index-{rank:05d}.json"
+    entries = [(f"{n}", dtype, box[1]) for n, (_, _, box, dtype, *_) in enumerate(pieces)]
+    index = [{"tensor": tensor, "shape": list(full), "dtype": DTYPES[dtype], "offsets": list(box[0]),
+              "sizes": list(box[1]), "key": f"{n}"} for n, (tensor, full, box, dtype, *_) in enumerate(pieces)]
+    writer = StreamWriter(directory / shard, entries, metadata={"format": "zoo-shard-1", "rank": str(rank)})
+    for n, (_, _, _, dtype, source, flat, box_shape, within) in enumerate(pieces):
+        values = source().narrow(0, flat, math.prod(box_shape)).view(box_shape)
+        writer.write(f"{n}", values[tuple(slice(o, o + s) for o, s in zip(*within))].to(dtype))
+    written = {shard: writer.close()}
+    text = json.dumps({"file": shard, "entries": index}, separators=(",", ":"))
+    (directory / index_name).write_text(text)
+    from zoo.checksums import digest
+
+    written[index_name] = {"bytes": len(text.encode()), "xxh3_64": digest(directory / index_name)}
+    return written
+
+
+# -- load -----------------------------------------------------------------------------------
+class ShardReader:
+    """Slices of a shard's tensors read with pread, not memory-mapped (safetensors' safe_open):
+    a mapped file's pages count in the process's memory once touched, so reading a rank's
+    whole share through a map held its size again until the map closed; here only the rows
+    a slice spans are read, and freed once copied."""
+
+    def __init__(self, path: Path):
+        import struct
+
+        self.path = path
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            self.header = json.loads(fh.read(length))
+        self.data_start = 8 + length
+        self.fd = os.open(path, os.O_RDONLY)
+        by_name = {name: dtype for dtype, name in DTYPES.items()}
+        self.dtypes = {k: by_name[v["dtype"]] for k, v in self.header.items() if k != "__metadata__"}
+
+    def read(self, key: str, index: tuple) -> torch.Tensor:
+        """`tensor[index]` of the stored `key` (`index`: one slice per dimension)."""
+        entry, dtype = self.header[key], self.dtypes[key]
+        shape = entry["shape"]
+        if not shape:
+            index, shape = (), []
+        first, last = (index[0].start, index[0].stop) if shape else (0, 1)
+        row = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
+        begin = self.data_start + entry["data_offsets"][0] + first * row
+        buffer = torch.empty((last - first) * row, dtype=torch.uint8)
+        if buffer.numel() and os.preadv(self.fd, [memoryview(buffer.numpy())], begin) != buffer.numel():
+            raise CheckpointError(f"{self.path} is shorter than its header says (truncated)")
+        rows = buffer.view(dtype).view(last - first, *shape[1:]) if shape else buffer.view(dtype).view(())
+        return rows[(slice(0, last - first), *index[1:])] if shape else rows
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Index:
+    """Every saved box of every tensor, from all ranks' index files; the shards opened lazily."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.boxes: Dict[str, List[Tuple[str, str, Box]]] = {}
+        self.shapes: Dict[str, Tuple[int, ...]] = {}
+        self.dtypes: Dict[str, torch.dtype] = {}
+        by_name = {name: dtype for dtype, name in DTYPES.items()}
+        for f in sorted(directory.glob("index-*.json")):
+            record = json.loads(f.read_text())
+            for e in record["entries"]:
+                self.shapes[e["tensor"]] = tuple(e["shape"])
+                self.dtypes[e["tensor"]] = by_name[e["dtype"]]
+                self.boxes.setdefault(e["tensor"], []).append(
+                    (record["file"], e["key"], (tuple(e["offsets"]), tuple(e["sizes"]))))
+        self._open: Dict[str, ShardReader] = {}
+
+    def has(self, tensor: str) -> bool:
+        return tensor in self.boxes
+
+    def _reader(self, file: str) -> "ShardReader":
+        if file not in self._open:
+            self._open[file] = ShardReader(self.directory / file)
+        return self._open[file]
+
+    def fill(self, tensor: str, full: Tuple[int, ...], spec, local: Tuple[int, ...], start: int,
+             out: torch.Tensor) -> None:
+        """Fill `out` (flat) with elements [start, start + len(out)) of the tensor-parallel shard
+        `spec` (of shape `local`) of the saved full tensor `tensor`."""
+        if tensor not in self.boxes:
+            raise CheckpointError(f"the checkpoint has no tensor {tensor!r}: it was written for another model")
+        if self.shapes[tensor] != tuple(full):
+            raise CheckpointError(f"the checkpoint's {tensor} has shape {list(self.shapes[tensor])} but this model's "
+                                  f"is {list(full)}: it was written for another model")
+        filled = 0
+        for box in flat_boxes(local, start, out.numel()):
+            flat = _ravel(box[0], local) - start
+            dest = out.narrow(0, flat, math.prod(box[1])).view(box[1])
+            for full_box, within in to_full(box, spec, full):
+                target = dest[tuple(slice(o, o + s) for o, s in zip(*within))]
+                for file, key, saved in self.boxes[tensor]:
+                    common = intersect(full_box, saved)
+                    if common is None:
+                        continue
+                    target[slices(common, full_box)].copy_(self._reader(file).read(key, slices(common, saved)))
+                    filled += math.prod(common[1])
+        if filled != out.numel():
+            raise CheckpointError(f"the checkpoint holds {filled} of the {out.numel()} values of {tensor} this rank "
+                                  f"needs: its shards are incomplete (a partial write?)")
+
+    def close(self) -> None:
+        for reader in self._open.values():
+            reader.close()
+        self._open.clear()
+
+    def full(self, tensor: str) -> torch.Tensor:
+        """The whole saved tensor (for export: one tensor at a time)."""
+        shape = self.shapes[tensor]
+        out = torch.empty(math.prod(shape), dtype=self.dtypes[tensor])
+        self.fill(tensor, shape, None, shape, 0, out)
+        return out.view(shape)
+
+
+@torch.no_grad()
+def read(engine, directory: Path, optimizer_step: int) -> None:
+    """Fill this rank's engine from the sharded checkpoint in `directory`, in place: each
+    parameter's fp32 master and optimizer-state partitions and the model's own copy, then
+    the buffers (whatever layout wrote it)."""
+    engine_state.ensure_optimizer_state(engine)
+    index = Index(directory)
+    keys = engine_state.state_keys(engine)
+    for pname, p in _unique_params(engine.module):
+        plain, spec = plain_name(pname), getattr(p, "tp_shard", None)
+        local = tuple(engine_state.full_shape(p))
+        full = full_shape(local, spec)
+        start, numel, _ = engine_state.held_range(p)
+        master = engine_state.fp32_held(engine, p)
+        if numel:
+            index.fill(f"{MODEL}/{plain}", full, spec, local, start, master)
+            for key in keys:
+                index.fill(f"{key}/{plain}", full, spec, local, start,
+                           engine_state.optimizer_held(engine, p, key, step=optimizer_step))
+        model_start, model = engine_state.model_held(p)
+        if model.data_ptr() == master.data_ptr() and model.numel() == master.numel():
+            continue  # the model's weights are the fp32 master itself (fp32 without ZeRO)
+        if model_start == start and model.numel() == numel:  # its partition: the master's, in its dtype
+            model.copy_(master)
+        else:
+            index.fill(f"{MODEL}/{plain}", full, spec, local, model_start, model)
+    for name, b in state_buffers(engine.module).items():
+        if index.has(f"{MODEL}/{name}"):
+            shape = tuple(b.shape)
+            flat = torch.empty(b.numel(), dtype=b.dtype)
+            index.fill(f"{MODEL}/{name}", shape, None, shape, 0, flat)
+            b.copy_(flat.view(shape))
+    index.close()

@@ -1,0 +1,70 @@
+"""The DeepSpeed engine built over a (parallelized) model: zoo's optimizer, parameter groups
+and learning-rate schedule handed to `deepspeed.initialize`."""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch.nn as nn
+
+from zoo.config.schema import Config
+from zoo.engine.config import deepspeed_config, optimizer_config, schedule_steps
+from zoo.parallel.topology import Layout
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+    """Decay matrices only; biases, norms and position tables are not decayed."""
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 and "wpe" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
+    """Wrap `model` in a DeepSpeed engine over the grid's data-parallel groups (a
+    PipelineModule brings its own grid and gets DeepSpeed's pipeline engine). The optimizer
+    DeepSpeed would build from zoo's block is built here as zoo.engine.optimizers' subclass of it,
+    which imports no torch._dynamo in an eager run."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    ds, groups = deepspeed_config(cfg, layout), param_groups(model, cfg.optim.weight_decay)
+    optimizer = None
+    if ds.get("optimizer") == optimizer_config(cfg):  # zoo's own block (no raw deepspeed.optimizer over it)
+        from zoo.engine.optimizers import build
+
+        optimizer, ds = build(ds["optimizer"], groups), {k: v for k, v in ds.items() if k != "optimizer"}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=ds, optimizer=optimizer,
+                                           model_parameters=groups,
+                                           lr_scheduler=lr_scheduler(cfg),
+                                           mpu=None if isinstance(model, PipelineModule) else grid)
+    skip_single_replica_allreduce(engine, layout.dp)
+    return engine
+
+
+def skip_single_replica_allreduce(engine, dp: int) -> bool:
+    """With one data-parallel replica, ZeRO-0 and fp32, DeepSpeed's gradient all-reduce is the
+    identity done the long way: every gradient flattened into one buffer, scaled by 1/1,
+    all-reduced over one rank and copied back (the tiny Llama's 20 MB each way, every step).
+    Switch it off there; a pipeline's tied-weight all-reduce across stages is a separate call
+    and stays. True where it was switched off."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    if dp != 1 or engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled() or engine.fp16_enabled():
+        return False
+    if isinstance(engine, PipelineEngine):
+        engine.pipeline_enable_backward_allreduce = False
+    else:
+        engine.enable_backward_allreduce = False
+    return True
+
+
+def lr_scheduler(cfg: Config):
+    """optim.schedule's scheduler, for deepspeed.initialize (zoo.engine.schedules)."""
+    from zoo.engine.schedules import make_scheduler
+
+    o = cfg.optim
+    return make_scheduler(o.schedule, warmup=o.warmup_steps, total=schedule_steps(cfg), min_ratio=o.min_lr / o.lr,
+                          decay_fraction=o.decay_fraction)
