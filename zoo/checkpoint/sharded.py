@@ -26,7 +26,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -162,19 +162,30 @@ class ShardReader:
         self.dtypes = {k: by_name[v["dtype"]] for k, v in self.header.items() if k != "__metadata__"}
 
     def read(self, key: str, index: tuple) -> torch.Tensor:
-        """`tensor[index]` of the stored `key` (`index`: one slice per dimension)."""
+        """`tensor[index]` of the stored `key` (`index`: one slice per dimension): the rows it
+        spans are read, or, where it takes a narrow band of a 2-d tensor's columns, each row's band."""
         entry, dtype = self.header[key], self.dtypes[key]
-        shape = entry["shape"]
+        shape, size = entry["shape"], torch.empty((), dtype=dtype).element_size()
+        base = self.data_start + entry["data_offsets"][0]
         if not shape:
-            index, shape = (), []
-        first, last = (index[0].start, index[0].stop) if shape else (0, 1)
-        row = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
-        begin = self.data_start + entry["data_offsets"][0] + first * row
-        buffer = torch.empty((last - first) * row, dtype=torch.uint8)
-        if buffer.numel() and os.preadv(self.fd, [memoryview(buffer.numpy())], begin) != buffer.numel():
+            return self._pread(base, size).view(dtype).view(())
+        first, last = index[0].start, index[0].stop
+        row = math.prod(shape[1:]) * size
+        if len(shape) == 2 and len(index) == 2 and (index[1].stop - index[1].start) * 4 <= shape[1]:
+            lo, hi = index[1].start, index[1].stop  # a narrow band: each row's part of it
+            out = torch.empty((last - first, hi - lo), dtype=dtype)
+            flat = out.view(torch.uint8).view(last - first, (hi - lo) * size)
+            for i in range(last - first):
+                self._pread(base + (first + i) * row + lo * size, (hi - lo) * size, into=flat[i])
+            return out
+        rows = self._pread(base + first * row, (last - first) * row).view(dtype).view(last - first, *shape[1:])
+        return rows[(slice(None), *index[1:])]
+
+    def _pread(self, offset: int, nbytes: int, into: Optional[torch.Tensor] = None) -> torch.Tensor:
+        buffer = torch.empty(nbytes, dtype=torch.uint8) if into is None else into
+        if nbytes and os.preadv(self.fd, [memoryview(buffer.numpy())], offset) != nbytes:
             raise CheckpointError(f"{self.path} is shorter than its header says (truncated)")
-        rows = buffer.view(dtype).view(last - first, *shape[1:]) if shape else buffer.view(dtype).view(())
-        return rows[(slice(0, last - first), *index[1:])] if shape else rows
+        return buffer
 
     def close(self) -> None:
         os.close(self.fd)
