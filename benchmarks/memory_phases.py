@@ -9,8 +9,8 @@ its peak rise over the memory it held when the phase began, as a multiple of its
 (its own parameters x 4 B + its optimizer partition x 12 B: fp32 master and AdamW's two
 moments) and against the largest tensor's fp32 bytes: build (model and engine), steps,
 save (the sharded checkpoint), resume on the same layout, resume under another layout (the
-next layout in the list reads this one's checkpoint), save_final (the consolidated weights
-on rank 0), and the time of save and load. Target (#35): every transition raises a rank's
+next layout in the list reads this one's checkpoint), save_final (the final weights, streamed
+to rank 0 tensor by tensor), and the time of save and load. Target (#35): every transition raises a rank's
 peak by at most max(0.25 x share, the largest tensor's fp32 bytes); save time under tp and
 ZeRO-3 within 1.2x of the same model's save under ddp.
 """
@@ -88,8 +88,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     from zoo import checkpoint
     from zoo.build import build
     from zoo.checkpoint.boxes import full_shape
-    from zoo.checkpoint.consolidate import consolidated_state_dict
-    from zoo.checkpoint.weights import save_weights
+    from zoo.checkpoint.final import write_final
     from zoo.config.schema import Config, ModelConfig
     from zoo.engine import initialize_engine
     from zoo.engine import state as engine_state
@@ -148,9 +147,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     _, row["resume_same"], row["resume_same_s"] = sampler.phase(lambda: checkpoint.load(engine, grid, saved, state))
 
     def final():
-        weights = consolidated_state_dict(engine.module, grid)
-        if rank == 0:
-            save_weights(weights, root / "model.safetensors", meta)
+        write_final(engine, grid, root / "model.safetensors", meta)
 
     dist.barrier()
     _, row["save_final"], _ = sampler.phase(final)

@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from zoo import checkpoint, signals
 from zoo.checkpoint.consolidate import consolidated_state_dict
-from zoo.checkpoint.weights import load_plain, save_weights
+from zoo.checkpoint.final import write_final
+from zoo.checkpoint.weights import load_plain
 from zoo.config.schema import Config
 from zoo.data_loading import StepLoader
 from zoo.engine import initialize_engine, micro_batching
@@ -247,12 +248,17 @@ class Trainer:
                 self.stopped_early = self.step
         return record
 
-    def _plain_model_on_rank0(self):
-        """The single-device model with the consolidated weights on rank 0, None elsewhere
-        (collective: every rank takes part in the gather)."""
-        state = consolidated_state_dict(self.engine.module, self.grid)
+    def _plain_model_on_rank0(self, weights_file: Path | None = None):
+        """The single-device model with the full weights on rank 0, None elsewhere: read from
+        `weights_file` (the final weights, just written), else consolidated (collective:
+        every rank takes part in the gather)."""
+        state = consolidated_state_dict(self.engine.module, self.grid) if weights_file is None else None
         if self.rank != 0:
             return None
+        if state is None:
+            from safetensors.torch import load_file
+
+            state = load_file(str(weights_file))
         model = self.task.plain_model()
         load_plain(model, state)
         return model.eval()
@@ -398,22 +404,13 @@ class Trainer:
         raise SystemExit(signals.exit_code(received))
 
     def finish(self, eval_loss: float) -> dict:
-        """Consolidate the weights (collective), save them and compute the family's metrics
-        with the plain model on rank 0."""
-        needs_weights = self.task.final_metrics_need_weights()
-        if not (self.cfg.checkpoint.save_final or needs_weights):
-            return self.task.final_metrics(None, eval_loss) if self.rank == 0 else {}
-        state = consolidated_state_dict(self.engine.module, self.grid)
-        if self.rank != 0:
-            return {}
-        if self.cfg.checkpoint.save_final:
-            save_weights(state, self.run_dir / "model.safetensors", self.meta)
-        model = None
-        if needs_weights:
-            model = self.task.plain_model()
-            load_plain(model, state)
-            model.eval()
-        return self.task.final_metrics(model, eval_loss)
+        """Write the final weights (checkpoint.save_final; collective, tensor by tensor) and
+        compute the family's metrics on rank 0, with the plain model where they need it."""
+        final = self.run_dir / "model.safetensors" if self.cfg.checkpoint.save_final else None
+        if final is not None:
+            write_final(self.engine, self.grid, final, self.meta)
+        model = self._plain_model_on_rank0(final) if self.task.final_metrics_need_weights() else None
+        return self.task.final_metrics(model, eval_loss) if self.rank == 0 else {}
 
     def close(self) -> None:
         """Stop the loader and the monitor, finish the tracker (with the exit code when a

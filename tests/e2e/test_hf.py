@@ -14,8 +14,8 @@ from tests.conftest import REPO
 from tests.e2e.conftest import HF_FAST as FAST
 
 
-def export(src, out):
-    proc = subprocess.run([sys.executable, "-m", "zoo.export", str(src), str(out)], cwd=REPO,
+def export(src, out, *flags):
+    proc = subprocess.run([sys.executable, "-m", "zoo.export", str(src), str(out), *flags], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
@@ -83,10 +83,31 @@ def test_an_imported_model_trained_then_exported_ships_the_trained_weights(run_z
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_export_errors_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "zoo.export", str(tmp_path / "missing"), str(tmp_path / "out")],
+def test_a_sharded_bf16_export_of_a_checkpoint_loads_in_transformers(trained_3d, tmp_path):
+    """Written tensor by tensor into transformers' sharded layout (files of at most 200 kB)."""
+    from transformers import GPT2LMHeadModel
+
+    out = export(trained_3d.run_dir / "checkpoints" / "step_0000003", tmp_path / "hf", "--dtype", "bf16",
+                 "--max-shard-size", "200kB")
+    files = sorted(f.name for f in out.glob("model*.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(files) > 2 and sorted(set(index["weight_map"].values())) == files
+    whole = export(trained_3d.run_dir / "checkpoints" / "step_0000003", tmp_path / "whole")
+    ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        sharded = GPT2LMHeadModel.from_pretrained(str(out), torch_dtype=torch.bfloat16).eval()
+        assert next(sharded.parameters()).dtype == torch.bfloat16
+        torch.testing.assert_close(sharded(ids).logits.float(), GPT2LMHeadModel.from_pretrained(str(whole))(ids).logits,
+                                   rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("flags, says", [([], "no checkpoint"), (["--max-shard-size", "0"], "must be positive"),
+                                         (["--max-shard-size", "lots"], "give a size such as 5GB")])
+def test_export_errors_are_one_line(tmp_path, flags, says):
+    proc = subprocess.run([sys.executable, "-m", "zoo.export", str(tmp_path), str(tmp_path / "out"), *flags],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "zoo.export: error:" in proc.stderr and "Traceback" not in proc.stderr
+    assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_bert_export_then_transformers_logits_match(run_zoo, tmp_path):

@@ -58,14 +58,19 @@ def consolidated_state_dict(module: nn.Module, grid) -> Dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def assign_full_weights(module: nn.Module, state: Dict[str, torch.Tensor]) -> None:
-    """Copy full (plain-model) tensors into `module`'s parameters and buffers, slicing each
-    tensor-parallel shard; names may carry pipeline prefixes. The inverse of
-    `full_parameters`; call before the engine is created."""
+def assign_full_weights(module: nn.Module, state) -> None:
+    """Copy full (plain-model) tensors into `module`'s parameters and state buffers, each its
+    tensor-parallel shard; names may carry pipeline prefixes. `state` is a dict of full
+    tensors, or weights read slice by slice (zoo.checkpoint.hf.HFWeights: each parameter
+    reads only its shard). Call before the engine is created."""
+    persistent = {plain_name(n) for n in module.state_dict()}
     for name, t in list(module.named_parameters()) + list(module.named_buffers()):
         key = plain_name(name)
         if key not in state:
-            if t.dtype.is_floating_point and "running_" not in key:
+            if key in persistent and t.dtype.is_floating_point and "running_" not in key:
                 raise CheckpointError(f"the weights have no tensor {key!r} for this model")
             continue
-        t.copy_(local_shard(state[key], t))
+        if isinstance(state, dict):
+            t.copy_(local_shard(state[key], t))
+        else:
+            state.fill(key, t)

@@ -1,11 +1,12 @@
 """Reading a local Hugging Face transformers directory: which family its config.json names,
-the model's shape fields, and its weights as the family's plain state dict. Each family's
-converter (`FamilySpec.hf`, e.g. `zoo/families/gpt/hf.py`) knows the renames."""
+the model's shape fields, and its weights, slice by slice (HFWeights: each rank reads only its
+own parameters' slices). Each family's converter (`FamilySpec.hf`, e.g.
+`zoo/families/gpt/hf.py`) knows the names and the transposed tensors."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -48,26 +49,92 @@ def hf_meta(directory: str | Path, pad_multiple: int | None = None):
     return spec, padded_meta(spec, meta, pad_multiple)
 
 
-def read_hf(directory: str | Path, family: str, pad_multiple: int | None = None) -> Tuple[dict, State]:
-    """(model shape fields, plain state) of a local transformers directory holding a `family`
-    model; with `pad_multiple`, its per-token tensors padded with zero rows (padded_meta)."""
-    spec, _ = hf_meta(directory)
+def read_hf(directory: str | Path, family: str, pad_multiple: int | None = None) -> Tuple[dict, "HFWeights"]:
+    """(model shape fields, its weights to read slice by slice) of a local transformers directory
+    holding a `family` model; with `pad_multiple`, its per-token tensors padded with zero rows
+    (padded_meta)."""
+    spec, meta = hf_meta(directory, pad_multiple)
     if spec.name != family:
         raise ConfigError(f"model.init_from={directory} holds a {spec.name} model, not a {family}")
-    meta, state = spec.hf.from_hf(Path(directory))
-    padded = padded_meta(spec, meta, pad_multiple)
-    extra = padded["vocab_size"] - meta["vocab_size"]
-    if extra:
-        state = {k: (torch.cat([v, v.new_zeros(extra, *v.shape[1:])]) if k in spec.hf.vocab_rows else v)
-                 for k, v in state.items()}
-    return padded, state
+    return meta, HFWeights(Path(directory), spec, meta)
 
 
-def strip_vocab_padding(spec, meta: dict, state: State) -> Tuple[dict, State]:
-    """What an export writes: the imported model's own vocabulary, the pad rows of its
-    per-token tensors dropped (the inverse of read_hf's padding)."""
+def real_rows(spec, meta: dict, name: str) -> Optional[int]:
+    """How many rows of `name` an export keeps: the model's own vocabulary for a per-token
+    tensor of an imported, padded one (None: all)."""
     real = meta.get("vocab_real")
-    meta = {k: v for k, v in meta.items() if k != "vocab_real"}
-    if real is None or spec.hf is None:
-        return meta, state
-    return {**meta, "vocab_size": real}, {k: (v[:real] if k in spec.hf.vocab_rows else v) for k, v in state.items()}
+    return real if real is not None and spec.hf is not None and name in spec.hf.vocab_rows else None
+
+
+class HFWeights:
+    """A transformers directory's weights, read slice by slice: each rank reads only the
+    slices of the tensors its parameters hold (its tensor-parallel shard of its stage's
+    tensors), with pread (zoo.checkpoint.sharded.ShardReader: nothing memory-mapped stays
+    resident), converted to zoo's layout (renamed, transposed) one slice at a time; a
+    per-token tensor's rows past the model's own vocabulary (the padding, padded_meta) are
+    zeros. It holds the files' headers only."""
+
+    def __init__(self, directory: Path, spec, meta: dict):
+        from zoo.checkpoint.sharded import ShardReader
+
+        self.spec, self.meta = spec, meta
+        self.real_vocab = meta.get("vocab_real") or meta["vocab_size"]
+        self.readers = [ShardReader(f) for f in sorted(Path(directory).glob("*.safetensors"))]
+        self.where = {key: r for r in self.readers for key in r.header if key != "__metadata__"}
+        if not self.where:
+            raise ConfigError(f"model.init_from={directory} holds no *.safetensors weights (a pytorch_model.bin is "
+                              f"not read: it would need unpickling); save the model with "
+                              f"save_pretrained(safe_serialization=True)")
+
+    def key(self, name: str) -> Optional[str]:
+        """The transformers key holding zoo's tensor `name` (None: the directory has none)."""
+        return next((k for k in self.spec.hf.hf_keys(name) if k in self.where), None)
+
+    def __contains__(self, name: str) -> bool:
+        return self.key(name) is not None
+
+    def full_shape(self, name: str) -> Tuple[int, ...]:
+        """The shape of zoo's (unsharded, vocabulary-padded) tensor `name`."""
+        shape = list(self.where[self.key(name)].header[self.key(name)]["shape"])
+        shape = shape[::-1] if self.spec.hf.transposed(name) else shape
+        if name in self.spec.hf.vocab_rows:
+            shape[0] = self.meta["vocab_size"]
+        return tuple(shape)
+
+    @torch.no_grad()
+    def fill(self, name: str, target: torch.Tensor) -> None:
+        """Fill `target` (a parameter or buffer, tagged `tp_shard` where sharded) with its values."""
+        from zoo.checkpoint.boxes import full_shape, to_full
+        from zoo.errors import CheckpointError
+
+        key = self.key(name)
+        if key is None:
+            raise CheckpointError(f"the weights have no tensor {name!r} for this model")
+        spec = getattr(target, "tp_shard", None)
+        local = tuple(target.shape)
+        full = full_shape(local, spec)
+        if full != self.full_shape(name):
+            raise CheckpointError(f"model.init_from's {key} has shape {list(self.full_shape(name))}, this model's "
+                                  f"{name} {list(full)}")
+        transposed = self.spec.hf.transposed(name)
+        rows = self.real_vocab if name in self.spec.hf.vocab_rows else full[0]
+        for full_box, within in to_full(((0,) * len(local), local), spec, full):
+            dest = target[tuple(slice(o, o + s) for o, s in zip(*within))]
+            (r0, *rest_o), (rn, *rest_s) = full_box
+            have = max(0, min(r0 + rn, rows) - r0)  # rows past the real vocabulary stay zero
+            dest[have:].zero_()
+            if have:
+                index = tuple(slice(o, o + s) for o, s in zip((r0, *rest_o), (have, *rest_s)))
+                piece = self.where[key].read(key, index[::-1] if transposed else index)
+                dest[:have].copy_(piece.t() if transposed else piece)
+
+    def full(self, name: str) -> torch.Tensor:
+        """Zoo's whole tensor `name` (tests, small models)."""
+        out = torch.empty(self.full_shape(name), dtype=torch.float32)
+        self.fill(name, out)
+        return out
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+        self.readers, self.where = [], {}

@@ -104,11 +104,11 @@ def _pieces(engine, grid, writers) -> List[tuple]:
             start += offset
         sources = [(MODEL, lambda p=p: engine_state.fp32_held(engine, p))]
         sources += [(key, lambda p=p, key=key: engine_state.optimizer_held(engine, p, key)) for key in keys]
-        for box in flat_boxes(local, start, numel):
-            flat = _ravel(box[0], local) - held_start
-            for full_box, within in to_full(box, spec, full):
-                for kind, source in sources:
-                    out.append((f"{kind}/{plain}", full, full_box, torch.float32, source, flat, box[1], within))
+        boxes = [(_ravel(box[0], local) - held_start, box[1], full_box, within)
+                 for box in flat_boxes(local, start, numel) for full_box, within in to_full(box, spec, full)]
+        for kind, source in sources:  # kind by kind: each source is read once (write's cache)
+            for flat, box_shape, full_box, within in boxes:
+                out.append((f"{kind}/{plain}", full, full_box, torch.float32, source, flat, box_shape, within))
     if tp_rank == 0 and dp_rank == 0:
         for name, b in state_buffers(engine.module).items():
             if writers[name] == stage:
@@ -130,8 +130,11 @@ def write(engine, grid, directory: Path) -> Dict[str, dict]:
     index = [{"tensor": tensor, "shape": list(full), "dtype": DTYPES[dtype], "offsets": list(box[0]),
               "sizes": list(box[1]), "key": f"{n}"} for n, (tensor, full, box, dtype, *_) in enumerate(pieces)]
     writer = StreamWriter(directory / shard, entries, metadata={"format": "zoo-shard-1", "rank": str(rank)})
+    cached = (None, None)  # the flat tensor of the source the last piece came from
     for n, (_, _, _, dtype, source, flat, box_shape, within) in enumerate(pieces):
-        values = source().narrow(0, flat, math.prod(box_shape)).view(box_shape)
+        if cached[0] is not source:
+            cached = (source, source())
+        values = cached[1].narrow(0, flat, math.prod(box_shape)).view(box_shape)
         writer.write(f"{n}", values[tuple(slice(o, o + s) for o, s in zip(*within))].to(dtype))
     written = {shard: writer.close()}
     text = json.dumps({"file": shard, "entries": index}, separators=(",", ":"))

@@ -1,22 +1,8 @@
-"""The consolidated weights of a finished run: `model.safetensors` (the plain model's full
-state dict, the family and shape in its metadata, which export reads), and loading them into
-the plain model."""
+"""Loading a run's consolidated weights (`model.safetensors`, written by zoo.checkpoint.final)
+into the plain model."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-
-
-def save_weights(state: dict, path: Path, meta: dict) -> None:
-    """Write consolidated weights atomically as safetensors, the model's family and shape
-    in the metadata (what export needs)."""
-    from safetensors.torch import save_file
-
-    tmp = path.with_suffix(".tmp")
-    save_file(state, str(tmp), metadata={"family": meta["family"], "shape": json.dumps(meta["shape"])})
-    tmp.replace(path)
 
 
 def load_plain(model: torch.nn.Module, state: dict) -> None:

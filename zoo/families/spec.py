@@ -9,13 +9,13 @@ needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
 class HFConverter:
-    """The family's Hugging Face transformers counterpart."""
+    """The family's Hugging Face transformers counterpart, tensor by tensor (an import reads
+    and an export writes one slice or one tensor at a time: zoo.checkpoint.hf)."""
 
     model_types: Tuple[str, ...]
     """config.json `model_type` values this family imports (`gpt2`)."""
@@ -23,15 +23,25 @@ class HFConverter:
     """The transformers class an export loads with (`GPT2LMHeadModel`)."""
     meta_from_config: Callable[[dict], dict]
     """A transformers config.json -> the family's shape fields."""
-    to_hf: Callable[..., Tuple[Any, dict]]
-    """(plain state, shape fields, eos_token_id=, pad_token_id=) -> (transformers config, HF state)."""
-    from_hf: Callable[[Path], Tuple[dict, dict]]
-    """A transformers directory -> (shape fields, plain state)."""
+    config: Callable[..., Any]
+    """(shape fields, eos_token_id=, pad_token_id=) -> the transformers config an export writes."""
+    hf_keys: Callable[[str], List[str]]
+    """A plain parameter name -> the transformers keys an import looks for it under, in order."""
+    export_keys: Callable[[str], List[str]]
+    """A plain parameter name -> the transformers keys an export writes it under (none: tied)."""
+    transposed: Callable[[str], bool]
+    """Whether transformers stores the parameter transposed (GPT-2's Conv1D projections)."""
     vocab_rows: Tuple[str, ...] = ()
     """The plain state's tensors with one row per token (embedding, untied head). With
     these named, an import whose vocabulary the tensor-parallel split cannot divide is padded
     (zero rows, their logits masked: shape field `vocab_real`) and an export strips the pad;
     without, the vocabulary must divide as it is."""
+
+    @classmethod
+    def of(cls, module, **fields) -> "HFConverter":
+        """The converter whose functions are `module`'s (a family's hf.py)."""
+        names = ("meta_from_config", "config", "hf_keys", "export_keys", "transposed")
+        return cls(**{name: getattr(module, name) for name in names}, **fields)
 
 
 @dataclass(frozen=True)

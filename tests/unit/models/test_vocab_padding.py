@@ -1,6 +1,6 @@
 """An imported vocabulary that tensor parallelism cannot split is padded inside zoo: zero
-rows at import (zoo.checkpoint.hf.read_hf), the pad tokens' logits masked (HeadLogits), the
-rows stripped at export. The padded model's logits and loss equal transformers' on the
+rows at import (zoo.checkpoint.hf.read_hf, read slice by slice), the pad tokens' logits masked
+(HeadLogits), the rows stripped at export (zoo.checkpoint.hf.real_rows). The padded model's logits and loss equal transformers' on the
 unpadded weights; under tp=2 the masked shard equals tp=1."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 from tests.unit.parallel._dist import run_ranks
 from tests.unit.parallel.test_gpt_tp import check_tp_equivalence
-from zoo.checkpoint.hf import read_hf, strip_vocab_padding
+from zoo.checkpoint.consolidate import assign_full_weights
+from zoo.checkpoint.hf import read_hf, real_rows
 from zoo.families import family
 from zoo.models.causal_lm import HeadLogits
 from zoo.models.gpt import GPT, GPTShape, gpt_shape
@@ -48,11 +49,9 @@ def test_padded_import_gives_transformers_logits_and_loss_and_strips_back(tmp_pa
     assert (meta["vocab_size"], meta["vocab_real"]) == (1024, VOCAB)
     for key in family(kind).hf.vocab_rows:
         if key in state:
-            assert state[key].shape[0] == 1024 and not state[key][VOCAB:].any(), key
+            assert state.full(key).shape[0] == 1024 and not state.full(key)[VOCAB:].any(), key
     ours = model_type(shape_type(**meta)).eval()
-    ours.load_state_dict(state, strict=False)
-    if kind == "gpt":
-        ours.lm_head.weight = ours.embed.wte.weight
+    assign_full_weights(ours, state)  # as a rank's build does it: each parameter's slices
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         logits, theirs = ours(ids), hf(ids).logits
@@ -63,9 +62,8 @@ def test_padded_import_gives_transformers_logits_and_loss_and_strips_back(tmp_pa
     unmasked = torch.nn.functional.cross_entropy(torch.cat([theirs, torch.zeros(2, 24, 1024 - VOCAB)], -1)[:, :-1]
                                                  .flatten(0, 1), ids[:, 1:].flatten())
     assert abs(unmasked - hf(ids, labels=ids).loss) > 1e-3
-    back_meta, back = strip_vocab_padding(family(kind), meta, state)
-    assert back_meta["vocab_size"] == VOCAB and "vocab_real" not in back_meta
-    assert all(back[k].shape[0] == VOCAB for k in family(kind).hf.vocab_rows if k in back)
+    assert all(real_rows(family(kind), meta, k) == VOCAB for k in family(kind).hf.vocab_rows)
+    assert real_rows(family(kind), {**meta, "vocab_real": None}, family(kind).hf.vocab_rows[0]) is None
 
 
 def test_a_vocabulary_that_divides_is_imported_as_it_is(tmp_path):

@@ -43,6 +43,5 @@ SPEC = FamilySpec(
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_plan=TP_PLAN,
-    hf=HFConverter(model_types=("bert",), loads_as="BertForMaskedLM", meta_from_config=hf.meta_from_config,
-                   to_hf=hf.to_hf, from_hf=hf.from_hf),
+    hf=HFConverter.of(hf, model_types=("bert",), loads_as="BertForMaskedLM"),
 )

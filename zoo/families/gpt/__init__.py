@@ -41,8 +41,7 @@ SPEC = FamilySpec(
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_plan=TP_PLAN,
-    hf=HFConverter(model_types=("gpt2",), loads_as="GPT2LMHeadModel", meta_from_config=hf.meta_from_config,
-                   to_hf=hf.to_hf, from_hf=hf.from_hf,
+    hf=HFConverter.of(hf, model_types=("gpt2",), loads_as="GPT2LMHeadModel",
                    vocab_rows=("embed.wte.weight", "lm_head.weight")),
     planner=plan.describe,
 )

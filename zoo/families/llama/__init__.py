@@ -95,7 +95,6 @@ SPEC = FamilySpec(
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,
     pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN, tp_plan_of=tp_plan_of,
     planner=plan.describe,
-    hf=HFConverter(model_types=("llama",), loads_as="LlamaForCausalLM", meta_from_config=hf.meta_from_config,
-                   to_hf=hf.to_hf, from_hf=hf.from_hf,
+    hf=HFConverter.of(hf, model_types=("llama",), loads_as="LlamaForCausalLM",
                    vocab_rows=("model.embed_tokens.weight", "lm_head.weight")),
 )

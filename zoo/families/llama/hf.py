@@ -2,14 +2,9 @@
 them); a tied model's head is its embedding (no `lm_head.weight` either way)."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Dict, Tuple
-
-import torch
+from typing import List
 
 from zoo.errors import ConfigError
-
-State = Dict[str, torch.Tensor]
 
 
 def meta_from_config(cfg: dict) -> dict:
@@ -23,30 +18,25 @@ def meta_from_config(cfg: dict) -> dict:
             "tie_embeddings": bool(cfg.get("tie_word_embeddings", False))}
 
 
-def to_hf(state: State, meta: dict, eos_token_id=None, pad_token_id=None, **_):
+def hf_keys(name: str) -> List[str]:
+    return [name]
+
+
+def export_keys(name: str) -> List[str]:
+    return [name]  # a tied model has no lm_head.weight of its own (its parameters appear once)
+
+
+def transposed(name: str) -> bool:
+    return False
+
+
+def config(meta: dict, eos_token_id=None, pad_token_id=None, **_):
     from transformers import LlamaConfig
 
-    tied = bool(meta.get("tie_embeddings", False))
-    config = LlamaConfig(vocab_size=meta["vocab_size"], hidden_size=meta["n_embd"],
-                         intermediate_size=meta["intermediate_size"], num_hidden_layers=meta["n_layer"],
-                         num_attention_heads=meta["n_head"], num_key_value_heads=meta["n_kv_head"],
-                         max_position_embeddings=meta["block_size"], rope_theta=meta["rope_theta"],
-                         rms_norm_eps=meta["rms_norm_eps"], tie_word_embeddings=tied, attention_bias=False,
-                         mlp_bias=False, bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-    return config, {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")}
-
-
-def from_hf(directory: Path) -> Tuple[dict, State]:
-    import json
-
-    from safetensors.torch import load_file
-
-    meta = meta_from_config(json.loads((directory / "config.json").read_text()))
-    state: State = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        state.update({k: v for k, v in load_file(str(f)).items() if not k.endswith("rotary_emb.inv_freq")
-                      and not (meta["tie_embeddings"] and k == "lm_head.weight")})  # tied: the embedding's
-    if not state:
-        raise ConfigError(f"model.init_from={directory} holds no *.safetensors weights (a pytorch_model.bin is not "
-                          f"read: it would need unpickling); save the model with save_pretrained(safe_serialization=True)")
-    return meta, state
+    return LlamaConfig(vocab_size=meta["vocab_size"], hidden_size=meta["n_embd"],
+                       intermediate_size=meta["intermediate_size"], num_hidden_layers=meta["n_layer"],
+                       num_attention_heads=meta["n_head"], num_key_value_heads=meta["n_kv_head"],
+                       max_position_embeddings=meta["block_size"], rope_theta=meta["rope_theta"],
+                       rms_norm_eps=meta["rms_norm_eps"], tie_word_embeddings=bool(meta.get("tie_embeddings", False)),
+                       attention_bias=False, mlp_bias=False, bos_token_id=eos_token_id, eos_token_id=eos_token_id,
+                       pad_token_id=pad_token_id)
