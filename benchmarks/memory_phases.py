@@ -36,25 +36,32 @@ LAYOUTS = {  # name: (tp, pp, dp, zero_stage)
 
 
 class Sampler:
-    """The process's peak RssAnon + RssFile since the last mark, sampled every 20 ms."""
+    """The process's peak RssAnon + RssFile since the last mark, sampled every 20 ms; `split`:
+    the (anonymous, file-backed) parts of the last phase's peak rise."""
 
     def __init__(self):
-        self.peak = self.now()
+        self.peak, self.at_peak = self.now(), self.parts()
         self.stop = False
         threading.Thread(target=self._run, daemon=True).start()
 
     @staticmethod
-    def now() -> int:
+    def parts() -> tuple:
         fields = {}
         for line in Path("/proc/self/status").read_text().splitlines():
             key, _, value = line.partition(":")
             if key in ("RssAnon", "RssFile"):
                 fields[key] = int(value.split()[0]) * 1024
-        return fields["RssAnon"] + fields["RssFile"]
+        return fields["RssAnon"], fields["RssFile"]
+
+    @classmethod
+    def now(cls) -> int:
+        return sum(cls.parts())
 
     def _run(self):
         while not self.stop:
-            self.peak = max(self.peak, self.now())
+            parts = self.parts()
+            if sum(parts) > self.peak:
+                self.peak, self.at_peak = sum(parts), parts
             time.sleep(0.02)
 
     def phase(self, fn):
@@ -62,12 +69,16 @@ class Sampler:
         import gc
 
         gc.collect()
-        base = self.peak = self.now()
+        base_parts = self.parts()
+        self.peak, self.at_peak = sum(base_parts), base_parts
         t0 = time.perf_counter()
         out = fn()
         took = time.perf_counter() - t0
-        self.peak = max(self.peak, self.now())
-        return out, self.peak - base, took
+        parts = self.parts()
+        if sum(parts) > self.peak:
+            self.peak, self.at_peak = sum(parts), parts
+        self.split = (self.at_peak[0] - base_parts[0], self.at_peak[1] - base_parts[1])
+        return out, self.peak - sum(base_parts), took
 
 
 def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: str, read_from: str, out: str) -> None:
@@ -140,17 +151,21 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
         dist.barrier()
         _, row["resume_other"], row["resume_other_s"] = sampler.phase(
             lambda: checkpoint.load(engine, grid, path, state))
+        row["resume_other_split"] = sampler.split
     saved, row["save"], row["save_s"] = sampler.phase(
         lambda: checkpoint.save(engine, grid, root, step=2, consumed=0, meta=meta, keep=1))
+    row["save_split"] = sampler.split
     state = checkpoint.read_state(saved)
     dist.barrier()
     _, row["resume_same"], row["resume_same_s"] = sampler.phase(lambda: checkpoint.load(engine, grid, saved, state))
+    row["resume_same_split"] = sampler.split
 
     def final():
         write_final(engine, grid, root / "model.safetensors", meta)
 
     dist.barrier()
     _, row["save_final"], _ = sampler.phase(final)
+    row["save_final_split"] = sampler.split
     bytes_on_disk = sum(f.stat().st_size for f in saved.glob("shard-*.safetensors")) if rank == 0 else 0
     row["checkpoint_bytes"] = bytes_on_disk
     Path(out, f"{layout_name}-{rank}.json").write_text(json.dumps(row))
@@ -221,6 +236,12 @@ def main(argv=None) -> None:
               + f" {r['save_s']:>7.2f} {r['resume_same_s']:>7.2f}")
         params = params or r
     print("(* above the bound)")
+    for r in rows:
+        for p in ("save", "resume_same", "resume_other", "save_final"):
+            if p in r and r[p] / r["share"] > max(0.25, r["largest"] / r["share"]):
+                anon, file = r[p + "_split"]
+                print(f"  {r['layout']} rank {r['rank']} {p}: +{anon / 2**20:.0f} MiB anonymous, "
+                      f"+{file / 2**20:.0f} MiB file-backed")
     save_s = {name: max(r["save_s"] for r in rows if r["layout"] == name) for name in args.only}
     if "ddp4" in save_s:
         for name in args.only:
