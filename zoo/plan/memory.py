@@ -17,6 +17,13 @@ checkpointing a layer keeps only its input, and backward recomputes one layer at
 Buffers are DeepSpeed's: the gradient reduce bucket of ZeRO 1-3 (allocated at its full
 size), the flattened all-reduce chunks of stage 0, the gathered parameters of two layers
 under ZeRO-3 (one computing, one prefetched) and the pipeline's receive buffers.
+
+Host memory (`host_memory`) is what the transitions around the step add on a node: a
+sharded checkpoint's save and load hold at most one tensor's piece at a time on each rank
+(zoo.checkpoint.sharded: bounded here by the largest tensor, the embedding, in fp32), the
+final weights pass one whole tensor at a time through rank 0 (zoo.checkpoint.final), and an
+asynchronous save would first copy each rank's whole share (its fp32 master partition and
+optimizer states, what it writes) to host memory.
 """
 from __future__ import annotations
 
@@ -126,3 +133,36 @@ def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_para
     stages = {0, lay.pp - 1}
     return max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
                              bucket_elems=bucket_elems) for s in stages), key=lambda m: m.total)
+
+
+@dataclass(frozen=True)
+class HostEstimate:
+    """Host memory bytes on one node during checkpoint transitions."""
+
+    per_rank_transient: float
+    """What a rank's sharded save or load holds at once: one tensor's piece (the largest, fp32)."""
+    final_weights: float
+    """What rank 0 holds while writing the final weights: one whole tensor (the largest, fp32)."""
+    async_staging: float
+    """What one rank would stage for an asynchronous save: its share of the checkpoint."""
+    ranks: int
+    """Ranks on the node."""
+
+    @property
+    def sync(self) -> float:
+        """The node's peak addition for a synchronous save (and any load)."""
+        return self.ranks * self.per_rank_transient + self.final_weights
+
+    @property
+    def with_async(self) -> float:
+        return self.ranks * (self.async_staging + self.per_rank_transient) + self.final_weights
+
+
+def host_memory(desc: ModelDesc, lay: PlanLayout, ranks_per_node: int) -> HostEstimate:
+    """The host memory checkpoint transitions add on a node of `ranks_per_node` ranks (the
+    heaviest pipeline stage's share: the first or the last)."""
+    largest = 4 * max([desc.embedding.params.total, desc.head.params.total]
+                      + [p.params.total / 4 for p in desc.layers])  # a layer's largest matrix: ~1/4 of it
+    share = max(12 * stage_params(desc, lay.pp, s, lay.tp) / lay.dp for s in {0, lay.pp - 1})
+    return HostEstimate(per_rank_transient=largest, final_weights=largest, async_staging=share,
+                        ranks=min(ranks_per_node, lay.world_size))

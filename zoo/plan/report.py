@@ -144,7 +144,7 @@ def render_text(p: Plan) -> str:
             f"activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s",
             "  step (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items() if k != "total"),
-            "  train with: python -m zoo.train " + " ".join(train_overrides(p, best))]
+            "  train with: python -m zoo.train " + " ".join(train_overrides(p, best))] + host_lines(p, best)
     # The recommendation leads; then its reasons, the setting it was planned for, the runners-up.
     why = [textwrap.fill(r, WIDTH, initial_indent="- ", subsequent_indent="  ") for r in reasons(p)]
     out = head + ["", "Why:"] + why + [""] + [textwrap.fill(line, WIDTH, subsequent_indent="  ") for line in out]
@@ -159,6 +159,27 @@ def render_text(p: Plan) -> str:
     else:
         out += topology_summary(lay, c) + ["  (plan.verbose=true lists every rank and group)"]
     return "\n".join(out) + "\n"
+
+
+def host_lines(p: Plan, best: Candidate) -> List[str]:
+    """The node's host memory at a checkpoint (and what an async save would stage), with a
+    warning where it would not fit in plan.mem_fraction of cluster.host_mem_gb."""
+    from zoo.plan.memory import host_memory
+
+    c = p.cluster
+    host = host_memory(p.desc, best.layout, c.gpus_per_node)
+    limit = p.plan.mem_fraction * c.host_mem_gb * GB
+    out = [f"  host memory per node at a checkpoint: +{host.sync / GB:.1f} GB of {c.host_mem_gb:g} GB (each rank's "
+           f"sharded save or load holds one tensor, {host.per_rank_transient / GB:.2f} GB at most; an async save "
+           f"would stage each rank's {host.async_staging / GB:.1f} GB share: +{host.with_async / GB:.1f} GB)"]
+    if host.sync > limit:
+        out.append(f"  WARNING: a checkpoint needs {host.sync / GB:.1f} GB of host memory per node, more than "
+                   f"{p.plan.mem_fraction:.0%} of the node's {c.host_mem_gb:g} GB: use nodes with more RAM or fewer "
+                   f"ranks per node (cluster.host_mem_gb, cluster.gpus_per_node)")
+    elif host.with_async > limit:
+        out.append(f"  note: an async save would need {host.with_async / GB:.1f} GB of host memory per node, more than "
+                   f"{p.plan.mem_fraction:.0%} of {c.host_mem_gb:g} GB: save synchronously on these nodes")
+    return [textwrap.fill(line, WIDTH, subsequent_indent="    ") for line in out]
 
 
 def train_overrides(p: Plan, best: Candidate) -> List[str]:
@@ -213,8 +234,16 @@ def render_json(p: Plan) -> str:
     best = p.recommended
     c = p.cluster
     obj = {"model": {"name": p.desc.name, "num_params": p.desc.num_params, "n_layer": p.desc.n_layer},
-           "cluster": {"name": c.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "gpu_mem_gb": c.gpu_mem_gb},
+           "cluster": {"name": c.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "gpu_mem_gb": c.gpu_mem_gb,
+                       "host_mem_gb": c.host_mem_gb},
            "dtype": p.dtype, "global_batch_size": p.global_batch_size, "mem_limit_bytes": int(p.usable_bytes),
            "candidates": [x.as_dict() for x in p.candidates],
            "recommended": best.as_dict() if best else None}
+    if best is not None:
+        from zoo.plan.memory import host_memory
+
+        host = host_memory(p.desc, best.layout, c.gpus_per_node)
+        obj["recommended_host_bytes_per_node"] = {"checkpoint": int(host.sync), "async_save": int(host.with_async),
+                                                  "per_rank_transient": int(host.per_rank_transient),
+                                                  "async_staging_per_rank": int(host.async_staging)}
     return json.dumps(obj, indent=1) + "\n"

@@ -29,6 +29,8 @@ class ClusterConfig:
     """Accelerators per node (the tensor-parallel group stays inside one node)."""
     gpu_mem_gb: float = 80.0
     """Memory of one accelerator, GB (1e9 bytes)."""
+    host_mem_gb: float = 1024.0
+    """Host memory (RAM) of one node, GB: checkpoint transitions pass through it (zoo.plan.memory.host_memory)."""
     peak_tflops: float = 312.0
     """Dense 16-bit (bf16/fp16) peak of one accelerator, TFLOP/s."""
     fp32_tflops: Optional[float] = None
@@ -120,6 +122,7 @@ def check_cluster(c: ClusterConfig) -> None:
     _positive(c.nodes, "cluster.nodes", "a cluster has at least one node")
     _positive(c.gpus_per_node, "cluster.gpus_per_node", "set the accelerators of one node, e.g. cluster.gpus_per_node=8")
     _positive(c.gpu_mem_gb, "cluster.gpu_mem_gb", "set one accelerator's memory in GB, e.g. cluster.gpu_mem_gb=80")
+    _positive(c.host_mem_gb, "cluster.host_mem_gb", "set one node's RAM in GB, e.g. cluster.host_mem_gb=2048")
     _positive(c.peak_tflops, "cluster.peak_tflops", "set the dense bf16 peak, e.g. 312 for an A100")
     if c.fp32_tflops is not None:
         _positive(c.fp32_tflops, "cluster.fp32_tflops", "set it, or null for half of cluster.peak_tflops")

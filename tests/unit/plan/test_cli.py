@@ -94,6 +94,22 @@ def test_the_printed_command_reproduces_the_planned_layout_and_dtype(overrides):
     assert cfg.trainer.global_batch_size == planned.trainer.global_batch_size
 
 
+def test_host_memory_at_a_checkpoint_is_planned_and_warned_about():
+    """llama2-70b on 128 GPUs: a sharded checkpoint adds one tensor per rank (not the 98-108 GB
+    per rank of a gathering save); nodes too small for it are named."""
+    base = ("model=llama", "model.size=llama2-70b", "cluster.nodes=16", "trainer.global_batch_size=512")
+    out = json.loads(run(plan_cfg(*base, "plan.format=json")))
+    host = out["recommended_host_bytes_per_node"]
+    # the largest piece, fp32: the untied head (GPT-2's vocabulary, plan.vocab_size, padded to 50304) and its norm
+    assert host["per_rank_transient"] == 4 * (50304 * 8192 + 8192)
+    assert host["checkpoint"] == 9 * host["per_rank_transient"] and host["checkpoint"] < 20e9  # 8 ranks + rank 0
+    assert host["async_save"] > host["checkpoint"] + 8 * host["async_staging_per_rank"] - 1
+    assert "WARNING" not in run(plan_cfg(*base))
+    small = run(plan_cfg(*base, "cluster.host_mem_gb=16"))
+    assert "WARNING: a checkpoint needs 14.8 GB of host memory per node, more than 80% of the node's 16 GB" in \
+        " ".join(line.strip() for line in small.splitlines())
+
+
 def test_nothing_fits_says_so():
     text = run(plan_cfg("model.size=gpt3-175b", "cluster=dgx-a100", "trainer.global_batch_size=64"))
     assert "NOTHING FITS: the smallest estimate is" in text and "add nodes (cluster.nodes)" in text
@@ -106,6 +122,7 @@ def test_nothing_fits_says_so():
                                 "e.g. cluster.gpus_per_node=8"),
     ("cluster.nodes=0", "cluster.nodes=0 must be positive; a cluster has at least one node"),
     ("cluster.gpu_mem_gb=-1", "cluster.gpu_mem_gb=-1.0 must be positive; set one accelerator's memory in GB"),
+    ("cluster.host_mem_gb=0", "cluster.host_mem_gb=0.0 must be positive; set one node's RAM in GB"),
     ("cluster.peak_tflops=0", "cluster.peak_tflops=0.0 must be positive; set the dense bf16 peak"),
     ("cluster.fp32_tflops=0", "cluster.fp32_tflops=0.0 must be positive; set it, or null"),
     ("cluster.hbm_gbps=0", "cluster.hbm_gbps=0.0 must be positive"),
