@@ -67,6 +67,7 @@ class Trainer:
             self.profile = ProfileWindow(cfg, run_dir, rank=self.rank, coords=coords, device=device,
                                          comm=self.monitor.comm, engine=self.engine, pipelined=self.pipelined)
         self.loader = None
+        self.pending, self.stall_s = None, 0.0  # a checkpoint written in the background; the steps' stall for them
         tracker = open_tracker(cfg, layout, run_dir, self.rank, {
             "world_size": layout.world_size, "layout": layout.name, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)}, shape=task.shape)
@@ -106,15 +107,34 @@ class Trainer:
                   f"-dp{was.get('dp')}_zero{was.get('zero_stage')}; read from its {how} files in {took:.2f} s)", flush=True)
         return path
 
-    def save_checkpoint(self, name: str | None = None) -> Path:
+    def save_checkpoint(self, name: str | None = None, background: bool = False) -> Path:
         """Write a checkpoint of this step (collective; `name`: checkpoints/NAME, e.g. best); a
         model that is no longer finite is never saved: the run stops as diverged instead, the
-        last good checkpoint untouched."""
+        last good checkpoint untouched. `background` (checkpoint.async_save): the shards are
+        staged in host memory and written while training goes on (finish_pending completes
+        it); a save waits for the one still being written."""
         if not self._parameters_finite():
             self._stop_diverged(f"the parameters are not finite at step {self.step}")
-        return checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
-                               meta={**self.meta, "eval": dict(self.eval_state)}, keep=self.cfg.checkpoint.keep,
-                               native=native_checkpoint.enabled(self.cfg, self.layout), name=name)
+        self.finish_pending()
+        saved = checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
+                                meta={**self.meta, "eval": dict(self.eval_state)}, keep=self.cfg.checkpoint.keep,
+                                native=native_checkpoint.enabled(self.cfg, self.layout), name=name,
+                                background=background)
+        if not background:
+            return saved
+        self.pending, self.stall_s = saved, self.stall_s + saved.stall_s
+        self.log.write(f"zoo: checkpoint {saved.final.name}: the step stalled {saved.stall_s:.2f} s to stage it, "
+                       f"written in the background (checkpoint.async_save)")
+        return saved.final
+
+    def finish_pending(self) -> None:
+        """Complete the checkpoint being written in the background, if any (collective: waits
+        for every rank's write; one that failed stops the run, `latest` untouched)."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        path = checkpoint.finish(pending)
+        self.log.write(f"zoo: checkpoint {path.name} written ({pending.seconds:.2f} s in the background)")
 
     # -- steps ------------------------------------------------------------------------------
     def open_loader(self) -> StepLoader:
@@ -312,12 +332,15 @@ class Trainer:
             elif evaluated:
                 self.log.step(evaluated)
             self.log.advance(1, None if math.isnan(loss) else loss)
-            received, nonfinite = self._agree([signals.received(), int(not torch.isfinite(local_loss))])
+            writing = self.pending.state() if self.pending is not None else 0
+            received, nonfinite, writing = self._agree([signals.received(), int(not torch.isfinite(local_loss)), writing])
+            if self.pending is not None and writing != 1:  # every rank's write ended (or one failed)
+                self.finish_pending()
             bad_steps, first_bad = (bad_steps + 1, first_bad or self.step) if nonfinite else (0, None)
             if bad_steps >= t.max_nonfinite_steps:
                 self._stop_diverged(f"the loss is not finite at step {first_bad} ({bad_steps} steps in a row)")
             if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0 and not nonfinite:
-                self.save_checkpoint()
+                self.save_checkpoint(background=self.cfg.checkpoint.async_save and self.step < t.max_steps)
             if received:
                 self._stop_on_signal(received)
             if self.stopped_early:
@@ -326,6 +349,7 @@ class Trainer:
                                f"below the best, {s['best']:.4f} (step {s['best_step']}), by more than "
                                f"{es.min_delta:g} (trainer.early_stop.patience={es.patience})")
                 break
+        self.finish_pending()
         if bad_steps:  # fewer than max_nonfinite_steps were left: the run still diverged
             self._stop_diverged(f"the loss is not finite at step {first_bad} ({bad_steps} steps in a row, "
                                 f"to the last step)")
@@ -354,6 +378,7 @@ class Trainer:
                if self.eval_state["best"] is not None else {}),
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
             "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started,
+            **({"checkpoint_stall_s": self.stall_s} if self.cfg.checkpoint.async_save else {}),
             **({"compile_s": compile_seconds() - compile_start} if self.cfg.model.compile else {}),
             **({"startup": self.startup.phases()} if self.startup is not None else {})}
         self.log.summary(summary)
@@ -382,7 +407,9 @@ class Trainer:
         return not self._agree([bad])[0]
 
     def _stop_diverged(self, what: str) -> None:
-        """Stop with exit 3: no checkpoint and no weights file are written from a diverged model."""
+        """Stop with exit 3: no checkpoint and no weights file are written from a diverged model
+        (one of an earlier step still being written is completed)."""
+        self.finish_pending()
         latest = self.ckpt_root / "latest"
         last_good = (self.ckpt_root / latest.read_text().strip()) if latest.exists() else None
         self.log.close()

@@ -72,6 +72,14 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     if t.profile.start and t.profile.memory and not cuda_available:
         warnings.append("trainer.profile.memory=true records CUDA's allocator and no GPU is visible: the window "
                         "is profiled without it (the trace's memory view, profile_memory, is what the CPU has)")
+    ck = cfg.checkpoint
+    if ck.async_save and not ck.every:
+        warnings.append("checkpoint.async_save=true is ignored without checkpoint.every=N: the checkpoints it writes "
+                        "in the background are the periodic ones (a signal's or the last step's is written at once)")
+    elif ck.async_save and (ck.native or (ck.native is None and layout.zero_stage == 3)):
+        warnings.append("checkpoint.async_save=true: the sharded files are written in the background, but "
+                        "checkpoint.native's DeepSpeed files (on by default under ZeRO-3) at once; set "
+                        "checkpoint.native=false to keep the step from waiting for them")
     if not spec.generates_text and t.sample_tokens > 0:
         warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
                         f"generates no text")

@@ -203,3 +203,34 @@ def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path, written):
     assert "n_layer" in bad.stderr and "Traceback" not in bad.stderr
     state = json.loads((run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())
     assert state["shape"]["n_layer"] == 4
+
+
+def test_an_async_save_resumes_on_another_layout_and_sigterm_waits_for_the_write(run_zoo, tmp_path, zoo_cache,
+                                                                                 checkpoint_reference):
+    """checkpoint.async_save: each periodic checkpoint is staged and written in the background
+    (each write held back 2 s here, so one is in flight when SIGTERM comes); the stop waits for
+    it, checkpoints its own step, and a resume under tp=2 continues the reference run."""
+    every = [f"trainer.max_steps={STEPS}", "checkpoint.every=2", "checkpoint.async_save=true", "checkpoint.keep=5"]
+    run_dir = tmp_path / "async"
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+           "ZOO_TEST_SAVE_DELAY_S": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, *every],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (run_dir / "checkpoints" / ".step_0000004.tmp").exists():
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)  # step 4's shards are still being written
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    assert "step_0000004: the step stalled" in out and "checkpoint step_0000004 written" in out, out[-3000:]
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    stopped = int(latest.split("_")[1])
+    assert stopped >= 4 and (run_dir / "checkpoints" / "step_0000004" / "checksums.json").exists()
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+    resumed = run_zoo(*FAST, *every, "parallel=tp", "resume=auto", run_dir=run_dir)
+    assert f"at step {stopped}" in resumed.stdout and "tp1-pp1-dp1" in resumed.stdout
+    torch.testing.assert_close(torch.tensor(list(after(losses_by_step(resumed), stopped).values())),
+                               torch.tensor([checkpoint_reference[s] for s in range(stopped + 1, STEPS + 1)]),
+                               rtol=1e-5, atol=0)
+    assert resumed.summary["checkpoint_stall_s"] >= 0

@@ -163,6 +163,43 @@ def test_a_full_disk_is_refused_before_training(run_zoo, tmpfs):
     assert "Traceback" not in run.stderr and not (small / "run" / "metrics.jsonl").exists()
 
 
+def test_a_full_disk_during_an_async_write_stops_the_run_at_the_next_step(run_zoo, tmpfs, zoo_cache):
+    """The disk fills while step 4's shards are written in the background: the run stops with
+    one line naming the checkpoint and the error (exit 2), `latest` still names step 2."""
+    import json
+
+    disk = tmpfs("size=48m")
+    run_dir = disk / "run"
+    env = {**os.environ, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+           "ZOO_TEST_SAVE_DELAY_S": "2"}
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST,
+                             "trainer.max_steps=40", "checkpoint.every=2", "checkpoint.async_save=true",
+                             "checkpoint.keep=1", "checkpoint.save_final=false"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (latest.exists() and (run_dir / "checkpoints" / ".step_0000004.tmp" / "state.json").exists()):
+        time.sleep(0.05)
+    filler = disk / "filler"
+    with open(filler, "wb") as fh:  # every byte left
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 20))
+        except OSError:
+            pass
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    errors = [line for line in err.splitlines() if line.startswith("zoo: error:")]
+    assert proc.returncode == 2 and len(errors) == 1, err[-3000:]
+    assert "writing checkpoint step_0000004 failed on rank 0" in errors[0] and "No space left" in errors[0]
+    assert "checkpoints/latest still names step_0000002" in errors[0] and "Traceback" not in err
+    assert latest.read_text().strip() == "step_0000002"
+    assert json.loads((run_dir / "checkpoints" / "step_0000002" / "state.json").read_text())["step"] == 2
+
+
 def test_too_few_micro_batches_for_the_pipeline(run_zoo):
     run = run_zoo(*FAST, "parallel=pp", "parallel.num_microbatches=1", check=False)
     assert run.returncode == 2 and "fewer than the 2 pipeline stages" in run.stderr

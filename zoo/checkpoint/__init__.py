@@ -1,10 +1,13 @@
-"""Checkpoints and weights in and out: the layout-free format (`layout_free`: save under
-one layout, resume under any), DeepSpeed's own per-rank files for same-layout resumes
-(`native`), the consolidated weights of a run (`consolidate`, `weights`) and Hugging Face
-transformers directories (`hf`, `export`)."""
+"""Checkpoints and weights in and out: the layout-free checkpoint directory (`layout_free`:
+save under one layout, resume under any; each rank's shard in `sharded`, synchronously or in
+the background), the earlier format's reader (`format1`), the run's final weights (`final`),
+full weights of small models (`consolidate`, `weights`) and Hugging Face transformers
+directories (`hf`, `export`). DeepSpeed's own per-rank files are zoo.engine.native."""
 from zoo.checkpoint.layout_free import (
     FORMAT,
+    PendingSave,
     check_compatible,
+    finish,
     load,
     read_state,
     resolve,
@@ -12,4 +15,5 @@ from zoo.checkpoint.layout_free import (
 )
 from zoo.errors import CheckpointError
 
-__all__ = ["FORMAT", "CheckpointError", "check_compatible", "load", "read_state", "resolve", "save"]
+__all__ = ["FORMAT", "CheckpointError", "PendingSave", "check_compatible", "finish", "load", "read_state", "resolve",
+           "save"]

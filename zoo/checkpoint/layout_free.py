@@ -25,6 +25,8 @@ import json
 import os
 import pickle
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -41,11 +43,41 @@ FORMAT = "zoo-checkpoint-2"
 FORMATS = (format1.FORMAT, FORMAT)  # what a resume reads
 
 
+class PendingSave:
+    """A checkpoint whose shards are being written: in a background thread (an asynchronous
+    save, from copies staged in host memory) or already, inline. `finish` completes it."""
+
+    def __init__(self, job, *, tmp: Path, final: Path, periodic: bool, keep: int, background: bool,
+                 stall_s: float = 0.0):
+        self.job, self.tmp, self.final, self.periodic, self.keep = job, tmp, final, periodic, keep
+        self.stall_s, self.started = stall_s, time.perf_counter()
+        self.written: Optional[dict] = None
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name=f"zoo-save-{final.name}", daemon=True)
+        if background:
+            self.thread.start()
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            self.written = self.job.run()
+        except BaseException as err:  # reported to every rank by finish
+            self.error = err
+        self.seconds = time.perf_counter() - self.started
+
+    def state(self) -> int:
+        """This rank's part: 0 written, 1 still writing, 2 failed."""
+        return 1 if self.thread.is_alive() else (2 if self.error is not None else 0)
+
+
 def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict, keep: int,
-         native: bool = False, name: Optional[str] = None) -> Path:
+         native: bool = False, name: Optional[str] = None, background: bool = False):
     """Write a checkpoint of this step (collective over all ranks); returns its directory.
     native: also DeepSpeed's per-rank files, for a fast resume on this layout. `name` (e.g.
-    `best`) writes ckpt_root/name instead of step_N, which neither `latest` nor pruning touch."""
+    `best`) writes ckpt_root/name instead of step_N, which neither `latest` nor pruning touch.
+    `background`: stage each rank's shard in host memory and write it in a thread; returns a
+    PendingSave, which `finish` completes (collective) once written."""
     from safetensors.torch import save_file
 
     rank = dist.get_rank()
@@ -56,11 +88,13 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    written = sharded.write(engine, grid, tmp)
+    job = sharded.ShardWrite(engine, grid, tmp)
+    t0 = time.perf_counter()
+    if background:
+        job.stage()  # from here on training may change the engine's tensors
+    stall = time.perf_counter() - t0
     rngs = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, torch.get_rng_state())
-    digests = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(written, digests, dst=0)
     if rank == 0:
         save_file({f"rank_{i}": r for i, r in enumerate(rngs)}, str(tmp / "rng.safetensors"))
         state = {"format": FORMAT, "step": step, "consumed": consumed,
@@ -70,17 +104,42 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
         (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
     if native:
         native_checkpoint.save(engine, tmp)
+    pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background,
+                          stall_s=stall)
+    return pending if background else finish(pending)
+
+
+def finish(pending: PendingSave) -> Path:
+    """Complete a checkpoint once every rank wrote its shard (collective: waits for this rank's
+    writer): record the checksums, move it into place and `latest` to it. A rank whose write
+    failed fails the checkpoint on every rank, `latest` untouched."""
+    pending.thread.join() if pending.thread.ident is not None else None
+    rank = dist.get_rank()
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, None if pending.error is None else f"{type(pending.error).__name__}: "
+                                                                      f"{pending.error}")
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    root = pending.final.parent
+    if failed:
+        if rank == 0:
+            shutil.rmtree(pending.tmp, ignore_errors=True)
+        dist.barrier()
+        latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+        raise CheckpointError(f"writing checkpoint {pending.final.name} failed on rank {failed[0][0]}: "
+                              f"{failed[0][1]}; nothing of it was kept and checkpoints/latest still names "
+                              f"{latest or 'no checkpoint'} (free space, or save to another hydra.run.dir)")
+    digests = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(pending.written, digests, dst=0)
     dist.barrier()
-    final = ckpt_root / name
     if rank == 0:
-        write_checksums(tmp, known={f: d for part in digests for f, d in part.items()})  # last: marks it finished
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        if periodic:
-            _write_atomic(ckpt_root / "latest", name + "\n")
-            _prune(ckpt_root, keep)
+        write_checksums(pending.tmp, known={f: d for part in digests for f, d in part.items()})  # last: finished
+        shutil.rmtree(pending.final, ignore_errors=True)
+        os.replace(pending.tmp, pending.final)
+        if pending.periodic:
+            _write_atomic(root / "latest", pending.final.name + "\n")
+            _prune(root, pending.keep)
     dist.barrier()
-    return final
+    return pending.final
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -118,31 +118,70 @@ def _pieces(engine, grid, writers) -> List[tuple]:
     return out
 
 
-@torch.no_grad()
+class ShardWrite:
+    """One rank's part of a save: what it writes, decided collectively (`prepare`), then
+    written by `run` (no collective: a background thread may run it). `stage()` first copies
+    every piece to host memory, so training may change the engine's tensors meanwhile (an
+    asynchronous save); unstaged, `run` reads them as it writes."""
+
+    def __init__(self, engine, grid, directory: Path):
+        engine_state.ensure_optimizer_state(engine)
+        rank = dist.get_rank()
+        self.pieces = _pieces(engine, grid, _writers(engine, grid))
+        self.directory, self.rank = directory, rank
+        self.shard, self.index_name = f"shard-{rank:05d}.safetensors", f"index-{rank:05d}.json"
+        self.staged: Optional[List[torch.Tensor]] = None
+
+    def _values(self):
+        """Each piece's tensor, in order (views of the engine's tensors, or the staged copies)."""
+        if self.staged is not None:
+            yield from self.staged
+            return
+        cached = (None, None)  # the flat tensor of the source the last piece came from
+        for _, _, _, dtype, source, flat, box_shape, within in self.pieces:
+            if cached[0] is not source:
+                cached = (source, source())
+            values = cached[1].narrow(0, flat, math.prod(box_shape)).view(box_shape)
+            yield values[tuple(slice(o, o + s) for o, s in zip(*within))].to(dtype)
+
+    @torch.no_grad()
+    def stage(self) -> int:
+        """Copy every piece to host memory (pinned on CUDA); returns the bytes staged."""
+        pin = torch.cuda.is_available()
+        self.staged = [v.detach().to("cpu", copy=True).contiguous() for v in self._values()]
+        if pin:
+            self.staged = [v.pin_memory() for v in self.staged]
+        return sum(v.numel() * v.element_size() for v in self.staged)
+
+    @torch.no_grad()
+    def run(self) -> Dict[str, dict]:
+        """Write the shard and the index; returns their {file name: {bytes, xxh3_64}}."""
+        delay = float(os.environ.get("ZOO_TEST_SAVE_DELAY_S", "0"))  # tests: a write still in flight
+        if delay > 0:
+            import time
+
+            time.sleep(delay)
+        entries = [(f"{n}", dtype, box[1]) for n, (_, _, box, dtype, *_) in enumerate(self.pieces)]
+        index = [{"tensor": tensor, "shape": list(full), "dtype": DTYPES[dtype], "offsets": list(box[0]),
+                  "sizes": list(box[1]), "key": f"{n}"} for n, (tensor, full, box, dtype, *_) in enumerate(self.pieces)]
+        writer = StreamWriter(self.directory / self.shard, entries,
+                              metadata={"format": "zoo-shard-1", "rank": str(self.rank)})
+        for n, values in enumerate(self._values()):
+            writer.write(f"{n}", values)
+        written = {self.shard: writer.close()}
+        self.staged = None  # the staged copies go once written
+        text = json.dumps({"file": self.shard, "entries": index}, separators=(",", ":"))
+        (self.directory / self.index_name).write_text(text)
+        from zoo.checksums import digest
+
+        written[self.index_name] = {"bytes": len(text.encode()), "xxh3_64": digest(self.directory / self.index_name)}
+        return written
+
+
 def write(engine, grid, directory: Path) -> Dict[str, dict]:
     """Write this rank's shard and index into `directory` (collective: every rank calls it);
     returns their {file name: {bytes, xxh3_64}} for the checkpoint's checksums."""
-    engine_state.ensure_optimizer_state(engine)
-    rank = dist.get_rank()
-    pieces = _pieces(engine, grid, _writers(engine, grid))
-    shard, index_name = f"shard-{rank:05d}.safetensors", f"index-{rank:05d}.json"
-    entries = [(f"{n}", dtype, box[1]) for n, (_, _, box, dtype, *_) in enumerate(pieces)]
-    index = [{"tensor": tensor, "shape": list(full), "dtype": DTYPES[dtype], "offsets": list(box[0]),
-              "sizes": list(box[1]), "key": f"{n}"} for n, (tensor, full, box, dtype, *_) in enumerate(pieces)]
-    writer = StreamWriter(directory / shard, entries, metadata={"format": "zoo-shard-1", "rank": str(rank)})
-    cached = (None, None)  # the flat tensor of the source the last piece came from
-    for n, (_, _, _, dtype, source, flat, box_shape, within) in enumerate(pieces):
-        if cached[0] is not source:
-            cached = (source, source())
-        values = cached[1].narrow(0, flat, math.prod(box_shape)).view(box_shape)
-        writer.write(f"{n}", values[tuple(slice(o, o + s) for o, s in zip(*within))].to(dtype))
-    written = {shard: writer.close()}
-    text = json.dumps({"file": shard, "entries": index}, separators=(",", ":"))
-    (directory / index_name).write_text(text)
-    from zoo.checksums import digest
-
-    written[index_name] = {"bytes": len(text.encode()), "xxh3_64": digest(directory / index_name)}
-    return written
+    return ShardWrite(engine, grid, directory).run()
 
 
 # -- load -----------------------------------------------------------------------------------

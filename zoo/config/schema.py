@@ -252,6 +252,12 @@ class CheckpointConfig:
     trainer.eval_every; layout-free, resumable and exportable like the others)."""
     save_final: bool = True
     """Write the consolidated, layout-free weights to model.safetensors at the end."""
+    async_save: bool = False
+    """Periodic checkpoints (checkpoint.every) are copied to host memory and written in the
+    background while training goes on (the step stalls only for the copy; each rank holds its
+    share of the checkpoint once more until it is written). A second save waits for the first;
+    a failed background write stops the run at the next step, `latest` untouched. (`async` is
+    Python's keyword: hence the name.)"""
     native: Optional[bool] = None
     """Also write DeepSpeed's per-rank files in each checkpoint, and resume from them when the
     layout is the one that wrote them. None: only under ZeRO-3, the one stage where that was
