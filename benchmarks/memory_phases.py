@@ -12,7 +12,9 @@ save (the sharded checkpoint), resume on the same layout, resume under another l
 next layout in the list reads this one's checkpoint), save_final (the final weights, streamed
 to rank 0 tensor by tensor), and the time of save and load; and an asynchronous save: the
 step's stall (staging the shard in host memory) against the synchronous save's time, and
-what staging holds (the rank's share once more, by design: not counted against the bound). Target (#35): every transition raises a rank's
+what staging holds (the rank's share once more, by design: not counted against the bound);
+a Hugging Face import (the model built from the export of the checkpoint, less what a plain
+build takes) and the export itself (rank 0, one process, against the full weights). Target (#35): every transition raises a rank's
 peak by at most max(0.25 x share, the largest tensor's fp32 bytes); save time under tp and
 ZeRO-3 within 1.2x of the same model's save under ddp.
 """
@@ -119,10 +121,18 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     sampler = Sampler()
     grid = build_grid(layout)
 
+    from zoo.build import ZeroThree
+    from zoo.engine import deepspeed_config
+
+    zero3 = ZeroThree(config=deepspeed_config(cfg, layout), group=grid.get_data_parallel_group(),
+                      dtype=torch.float32) if zero == 3 else None
+
+    def model(weights=None):
+        return build(shape, layout, seed=0, device=torch.device("cpu"), tp_group=tp_group(grid),
+                     partition_method="parameters", activation_checkpointing=False, zero3=zero3, weights=weights)
+
     def make():
-        model = build(shape, layout, seed=0, device=torch.device("cpu"), tp_group=tp_group(grid),
-                      partition_method="parameters", activation_checkpointing=False)
-        return initialize_engine(model, cfg, layout, grid)
+        return initialize_engine(model(), cfg, layout, grid)
 
     engine, build_rise, _ = sampler.phase(make)
     gen = torch.Generator().manual_seed(rank)
@@ -175,6 +185,18 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     dist.barrier()
     _, row["save_final"], _ = sampler.phase(final)
     row["save_final_split"] = sampler.split
+    hf = root / "hf"
+    if rank == 0:  # the export: one process, the whole model tensor by tensor
+        from zoo.checkpoint.export import export
+
+        _, row["export"], _ = sampler.phase(lambda: export(saved, hf))
+        row["full_bytes"] = sum(f.stat().st_size for f in hf.glob("*.safetensors"))
+    dist.barrier()
+    from zoo.checkpoint.hf import read_hf
+
+    _, plain_build, _ = sampler.phase(lambda: model())  # what the model itself takes, to subtract
+    _, with_import, _ = sampler.phase(lambda: model(read_hf(hf, "gpt", cfg.model.vocab_pad_multiple)[1]))
+    row["hf_import"] = max(0, with_import - plain_build)
     bytes_on_disk = sum(f.stat().st_size for f in saved.glob("shard-*.safetensors")) if rank == 0 else 0
     row["checkpoint_bytes"] = bytes_on_disk
     Path(out, f"{layout_name}-{rank}.json").write_text(json.dumps(row))
@@ -226,7 +248,7 @@ def main(argv=None) -> None:
     print(f"GPT {args.layers}L d{args.embd} vocab {args.vocab}, 4 ranks; rise of each rank's peak RSS in a phase as "
           f"a multiple of its share (params x 4 B + optimizer partition x 12 B); target <= max(0.25, largest "
           f"tensor / share)")
-    phases = ["build", "steps", "save", "async_save", "resume_same", "resume_other", "save_final"]
+    phases = ["build", "steps", "save", "async_save", "resume_same", "resume_other", "save_final", "hf_import"]
     print(f"{'layout':10} {'rank':>4} {'share MiB':>9} {'bound':>6} " + " ".join(f"{p:>12}" for p in phases)
           + f" {'save s':>7} {'load s':>7}")
     worst = {}
@@ -246,7 +268,9 @@ def main(argv=None) -> None:
         params = params or r
     print("(* above the bound)")
     for r in rows:
-        for p in ("save", "resume_same", "resume_other", "save_final", "async_save"):
+        for p in ("save", "resume_same", "resume_other", "save_final", "async_save", "hf_import"):
+            if p + "_split" not in r:
+                continue
             if p in r and r[p] / r["share"] > max(0.25, r["largest"] / r["share"]):
                 anon, file = r[p + "_split"]
                 print(f"  {r['layout']} rank {r['rank']} {p}: +{anon / 2**20:.0f} MiB anonymous, "
@@ -262,6 +286,11 @@ def main(argv=None) -> None:
             if name != "ddp4":
                 print(f"save time {name} / ddp4: {save_s[name] / save_s['ddp4']:.2f} (target <= 1.2)")
     over = sorted(k for k, v in worst.items() if v > 1)
+    for r in rows:
+        if "export" in r:
+            print(f"export ({r['layout']}'s checkpoint, one process): +{r['export'] / 2**20:.0f} MiB = "
+                  f"{r['export'] / r['full_bytes']:.2f}x the full weights ({r['full_bytes'] / 2**20:.0f} MiB), "
+                  f"{r['export'] / r['largest']:.2f}x the largest tensor")
     print("transitions over the bound: " + (", ".join(f"{a} {b}" for a, b in over) if over else "none"))
 
 

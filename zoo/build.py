@@ -8,6 +8,7 @@ TP plan, the pipeline's loss) comes from the family's spec (`zoo.families`).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -52,13 +53,88 @@ def materialise(module: nn.Module, shape, *, seed: int, device: torch.device, tp
         sum_sequence_parallel_norm_grads(module, tp_group, norms=plan.sequence_parallel_norms)
 
 
+@dataclass(frozen=True)
+class ZeroThree:
+    """How a ZeRO-3 rank builds its model partitioned (materialise_partitioned)."""
+
+    config: dict
+    """The DeepSpeed config the engine will get (deepspeed.zero.Init reads its ZeRO section)."""
+    group: object
+    """The data-parallel group the parameters are partitioned over."""
+    dtype: torch.dtype
+    """The parameters' dtype in the engine (fp32, bf16 or fp16)."""
+
+
+def _units(module: nn.Module, prefix: str = ""):
+    """(path, module) of the pieces a partitioned build takes one at a time: each child, and
+    each member of a ModuleList or Sequential (a transformer's blocks) on its own."""
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, (nn.ModuleList, nn.Sequential)):
+            yield from _units(child, path + ".")
+        else:
+            yield path, child
+
+
+def materialise_partitioned(module: nn.Module, shape, *, zero3: ZeroThree, seed: int, device: torch.device,
+                            tp_group=None, dp_group=None, sequence_parallel: bool = False, weights=None) -> None:
+    """`materialise` for ZeRO-3, piece by piece: each piece (a block, an embedding) is
+    allocated, initialised (the same layout-free values), filled from `weights` where given
+    (model.init_from) and partitioned over the data-parallel group (deepspeed.zero.Init)
+    before the next is allocated, so no rank holds more than its partition and one piece."""
+    import deepspeed
+
+    from zoo.engine.state import is_zero3
+
+    spec = _family(shape)
+    std_of = spec.init_std(shape, module)
+    plan = spec.plan(shape)
+    parallelize(module, plan=plan, tp_group=tp_group, dp_group=dp_group, sequence_parallel=sequence_parallel,
+                device=device)
+    for path, unit in _units(module):
+        if plan is not None:
+            tie_parameters(module, plan)  # a head takes its embedding's (partitioned) weight before it is built
+        done = {id(p) for p in unit.parameters() if is_zero3(p)}
+        tied = {name: p for name, p in unit.named_parameters(remove_duplicate=False) if id(p) in done}
+        to_empty(unit, device)
+        for name, p in tied.items():  # to_empty made new tensors of them: the partitioned ones again
+            owner, _, attr = name.rpartition(".")
+            setattr(unit.get_submodule(owner) if owner else unit, attr, p)
+        init_parameters(unit, seed, std_of, prefix=path + ".", skip=is_zero3)
+        for m in unit.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.reset_running_stats()
+        if weights is not None:
+            from zoo.checkpoint.consolidate import assign_full_weights
+
+            assign_full_weights(unit, weights, prefix=path, skip=is_zero3)
+        for p in unit.parameters():
+            if not is_zero3(p) and p.dtype != zero3.dtype:
+                p.data = p.data.to(zero3.dtype)
+        if any(not is_zero3(p) for p in unit.parameters()):
+            deepspeed.zero.Init(module=unit, config_dict_or_path=zero3.config, data_parallel_group=zero3.group,
+                                dtype=zero3.dtype)
+    if sequence_parallel and tp_group is not None:
+        sum_sequence_parallel_norm_grads(module, tp_group, norms=plan.sequence_parallel_norms)
+
+
 def build_model(shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
-                sequence_parallel: bool = False, activation_checkpointing: bool = False) -> nn.Module:
-    """This rank's whole model (no pipeline), of the family `shape` belongs to."""
+                sequence_parallel: bool = False, activation_checkpointing: bool = False,
+                zero3: ZeroThree | None = None, weights=None) -> nn.Module:
+    """This rank's whole model (no pipeline), of the family `shape` belongs to; with `zero3`,
+    built partitioned (materialise_partitioned), filled from `weights` (model.init_from)."""
     with on_meta():
         model = _family(shape).model(shape)
-    materialise(model, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
-                sequence_parallel=sequence_parallel)
+    if zero3 is None:
+        materialise(model, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
+                    sequence_parallel=sequence_parallel)
+        if weights is not None:
+            from zoo.checkpoint.consolidate import assign_full_weights
+
+            assign_full_weights(model, weights)
+    else:
+        materialise_partitioned(model, shape, zero3=zero3, seed=seed, device=device, tp_group=tp_group,
+                                dp_group=dp_group, sequence_parallel=sequence_parallel, weights=weights)
     model.activation_checkpointing = activation_checkpointing
     return model
 
@@ -82,7 +158,14 @@ def build_pipeline(shape, layout: Layout, *, seed: int, device: torch.device, tp
 def build(shape, layout: Layout, **kwargs) -> nn.Module:
     """This rank's model for `layout`: a pipeline stage with pp > 1, else the whole model."""
     if layout.pp > 1:
-        return build_pipeline(shape, layout, **kwargs)
+        weights = kwargs.pop("weights", None)
+        kwargs.pop("zero3", None)  # DeepSpeed's pipeline takes ZeRO-1 at most
+        model = build_pipeline(shape, layout, **kwargs)
+        if weights is not None:
+            from zoo.checkpoint.consolidate import assign_full_weights
+
+            assign_full_weights(model, weights)
+        return model
     for key in ("partition_method", "dynamic_shape"):
         kwargs.pop(key, None)
     return build_model(shape, **kwargs)

@@ -58,13 +58,17 @@ def consolidated_state_dict(module: nn.Module, grid) -> Dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def assign_full_weights(module: nn.Module, state) -> None:
+def assign_full_weights(module: nn.Module, state, prefix: str = "", skip=lambda t: False) -> None:
     """Copy full (plain-model) tensors into `module`'s parameters and state buffers, each its
-    tensor-parallel shard; names may carry pipeline prefixes. `state` is a dict of full
-    tensors, or weights read slice by slice (zoo.checkpoint.hf.HFWeights: each parameter
-    reads only its shard). Call before the engine is created."""
-    persistent = {plain_name(n) for n in module.state_dict()}
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+    tensor-parallel shard; names may carry pipeline prefixes (`prefix`: `module`'s path in the
+    full model). `state` is a dict of full tensors, or weights read slice by slice
+    (zoo.checkpoint.hf.HFWeights: each parameter reads only its shard); `skip(t)`: tensors
+    assigned already. Call before the engine is created."""
+    prefix = prefix.rstrip(".")
+    persistent = {plain_name(f"{prefix}.{n}" if prefix else n) for n in module.state_dict()}
+    for name, t in list(module.named_parameters(prefix=prefix)) + list(module.named_buffers(prefix=prefix)):
+        if skip(t):
+            continue
         key = plain_name(name)
         if key not in state:
             if key in persistent and t.dtype.is_floating_point and "running_" not in key:

@@ -60,8 +60,8 @@ def write_final(engine, grid, path: Path, meta: dict) -> None:
         if owner == stage:
             if name in params:
                 p = params[name]
-                with gathered([p]):
-                    t = gather_full(p.detach().float(), getattr(p, "tp_shard", None), group).cpu()
+                with gathered([p]):  # a copy: ZeRO-3 frees (and reuses) the gathered storage on exit
+                    t = gather_full(p.detach().float(), getattr(p, "tp_shard", None), group).cpu().clone()
             else:
                 t = buffers[name].detach().cpu()
         if rank == 0:

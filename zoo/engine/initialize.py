@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from zoo.config.schema import Config
 from zoo.engine.config import deepspeed_config, optimizer_config, schedule_steps
+from zoo.engine.state import full_shape
 from zoo.parallel.topology import Layout
 
 
@@ -18,7 +19,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 and "wpe" not in name else no_decay).append(p)
+        matrix = len(full_shape(p)) >= 2  # a ZeRO-3 parameter built partitioned is flat: its own shape
+        (decay if matrix and "wpe" not in name else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

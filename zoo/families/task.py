@@ -48,14 +48,18 @@ class Task:
                     activation_checkpointing=cfg.model.activation_checkpointing)
 
     def build_model(self, grid) -> nn.Module:
-        """This rank's model: plain and tensor-parallel, or this stage's PipelineModule."""
-        from zoo.build import build
+        """This rank's model: plain and tensor-parallel, or this stage's PipelineModule; under
+        ZeRO-3 built partitioned, piece by piece (zoo.build.materialise_partitioned)."""
+        from zoo.build import ZeroThree, build
 
-        model = build(self.shape, self.layout, **self.build_options(grid))
-        if self.init_state is not None:
-            from zoo.checkpoint.consolidate import assign_full_weights
+        options = self.build_options(grid)
+        if self.layout.zero_stage == 3:
+            from zoo.engine import deepspeed_config
 
-            assign_full_weights(model, self.init_state)
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.cfg.precision.dtype]
+            options["zero3"] = ZeroThree(config=deepspeed_config(self.cfg, self.layout),
+                                         group=grid.get_data_parallel_group(), dtype=dtype)
+        model = build(self.shape, self.layout, weights=self.init_state, **options)
         if self.cfg.model.compile:
             from zoo.model_compile import compile_model
 

@@ -64,15 +64,16 @@ def normal_param(param: torch.Tensor, name: str, seed: int, std: float) -> torch
 
 @torch.no_grad()
 def init_parameters(module: nn.Module, seed: int, std_of: Callable[[str], Optional[float]],
-                    prefix: str = "") -> None:
+                    prefix: str = "", skip: Callable[[torch.Tensor], bool] = lambda p: False) -> None:
     """Fill every parameter of `module` (names relative to the full model via `prefix`).
 
     `std_of(name)` gives the std of a normal init, or None for biases (zeros) and norm
-    weights (ones). Tied parameters are filled once, under their first name.
+    weights (ones). Tied parameters are filled once, under their first name; `skip(p)`:
+    parameters filled already (a tied one whose owner was built first).
     """
     seen = set()
     for name, p in module.named_parameters(prefix=prefix.rstrip("."), remove_duplicate=True):
-        if id(p) in seen:
+        if id(p) in seen or skip(p):
             continue
         seen.add(id(p))
         std = std_of(name)
