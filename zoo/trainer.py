@@ -67,7 +67,9 @@ class Trainer:
             self.profile = ProfileWindow(cfg, run_dir, rank=self.rank, coords=coords, device=device,
                                          comm=self.monitor.comm, engine=self.engine, pipelined=self.pipelined)
         self.loader = None
-        self.pending, self.stall_s = None, 0.0  # a checkpoint written in the background; the steps' stall for them
+        # A checkpoint written in the background, the steps' stall for them, and the host buffer
+        # its shard was staged in (kept: the next async save copies into it, no page faults).
+        self.pending, self.stall_s, self.staging = None, 0.0, None
         tracker = open_tracker(cfg, layout, run_dir, self.rank, {
             "world_size": layout.world_size, "layout": layout.name, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)}, shape=task.shape)
@@ -119,10 +121,10 @@ class Trainer:
         saved = checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
                                 meta={**self.meta, "eval": dict(self.eval_state)}, keep=self.cfg.checkpoint.keep,
                                 native=native_checkpoint.enabled(self.cfg, self.layout), name=name,
-                                background=background)
+                                background=background, staging=self.staging)
         if not background:
             return saved
-        self.pending, self.stall_s = saved, self.stall_s + saved.stall_s
+        self.pending, self.stall_s, self.staging = saved, self.stall_s + saved.stall_s, saved.staging
         self.log.write(f"zoo: checkpoint {saved.final.name}: the step stalled {saved.stall_s:.2f} s to stage it, "
                        f"written in the background (checkpoint.async_save)")
         return saved.final

@@ -72,12 +72,14 @@ class PendingSave:
 
 
 def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict, keep: int,
-         native: bool = False, name: Optional[str] = None, background: bool = False):
+         native: bool = False, name: Optional[str] = None, background: bool = False,
+         staging: Optional[torch.Tensor] = None):
     """Write a checkpoint of this step (collective over all ranks); returns its directory.
     native: also DeepSpeed's per-rank files, for a fast resume on this layout. `name` (e.g.
     `best`) writes ckpt_root/name instead of step_N, which neither `latest` nor pruning touch.
-    `background`: stage each rank's shard in host memory and write it in a thread; returns a
-    PendingSave, which `finish` completes (collective) once written."""
+    `background`: stage each rank's shard in host memory (`staging`: the buffer of the last
+    such save, reused) and write it in a thread; returns a PendingSave (its `staging` buffer
+    to reuse), which `finish` completes (collective) once written."""
     from safetensors.torch import save_file
 
     rank = dist.get_rank()
@@ -91,7 +93,7 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
     job = sharded.ShardWrite(engine, grid, tmp)
     t0 = time.perf_counter()
     if background:
-        job.stage()  # from here on training may change the engine's tensors
+        staging = job.stage(staging)  # from here on training may change the engine's tensors
     stall = time.perf_counter() - t0
     rngs = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, torch.get_rng_state())
@@ -106,6 +108,7 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
         native_checkpoint.save(engine, tmp)
     pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background,
                           stall_s=stall)
+    pending.staging = staging
     return pending if background else finish(pending)
 
 
