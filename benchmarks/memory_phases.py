@@ -204,6 +204,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     _, plain_build, _ = sampler.phase(lambda: model())  # what the model itself takes, to subtract
     _, with_import, _ = sampler.phase(lambda: model(read_hf(hf, "gpt", cfg.model.vocab_pad_multiple)[1]))
     row["hf_import"] = max(0, with_import - plain_build)
+    row["model_build"] = plain_build  # the model alone, without the engine (ZeRO-3: built partitioned)
     bytes_on_disk = sum(f.stat().st_size for f in saved.glob("shard-*.safetensors")) if rank == 0 else 0
     row["checkpoint_bytes"] = bytes_on_disk
     Path(out, f"{layout_name}-{rank}.json").write_text(json.dumps(row))
@@ -295,6 +296,9 @@ def main(argv=None) -> None:
             if name != "ddp4":
                 print(f"save time {name} / ddp4: {save_s[name] / save_s['ddp4']:.2f} (target <= 1.2)")
     over = sorted(k for k, v in worst.items() if v > 1)
+    for name in args.only:
+        worst_model = max(r["model_build"] / r["share"] for r in rows if r["layout"] == name)
+        print(f"{name}: building the model alone (no engine) raises a rank's peak by {worst_model:.2f}x its share")
     for r in rows:
         if "export" in r:
             print(f"export ({r['layout']}'s checkpoint, one process): +{r['export'] / 2**20:.0f} MiB = "
