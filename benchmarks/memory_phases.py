@@ -187,7 +187,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     row["resume_same_split"] = sampler.split
 
     def final():
-        write_final(engine, grid, root / "model.safetensors", meta)
+        write_final(engine, grid, root, meta)
 
     dist.barrier()
     _, row["save_final"], _ = sampler.phase(final)

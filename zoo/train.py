@@ -40,7 +40,7 @@ def _fail(message: str, run_dir: str | None) -> None:
     sys.exit(2)
 
 
-RUN_RESULTS = ("summary.json", "metrics.jsonl", "model.safetensors")  # what a run that trained leaves
+RUN_RESULTS = ("summary.json", "metrics.jsonl", "model.safetensors", "model.safetensors.index.json")  # a run's results
 
 
 def _refuse_overwriting(run_dir: str) -> None:
@@ -68,7 +68,8 @@ def _refuse_starting_over(run_dir: str) -> None:
     path = Path(run_dir)
     if RunDirLock(run_dir).in_use() or any(p.is_dir() for p in (path / "checkpoints").glob("step_*")):
         return
-    results = [name for name in ("summary.json", "model.safetensors") if (path / name).exists()]
+    results = [name for name in ("summary.json", "model.safetensors", "model.safetensors.index.json")
+               if (path / name).exists()]
     if results:
         _fail(f"hydra.run.dir={run_dir} holds a finished run ({', '.join(results)}) but no checkpoint to continue "
               f"from (it ran with checkpoint.every=0), and resume=auto would start afresh over it: start in another "

@@ -270,17 +270,17 @@ class Trainer:
                 self.stopped_early = self.step
         return record
 
-    def _plain_model_on_rank0(self, weights_file: Path | None = None):
+    def _plain_model_on_rank0(self, from_file: bool = False):
         """The single-device model with the full weights on rank 0, None elsewhere: read from
-        `weights_file` (the final weights, just written), else consolidated (collective:
-        every rank takes part in the gather)."""
-        state = consolidated_state_dict(self.engine.module, self.grid) if weights_file is None else None
+        the final weights just written (`from_file`), else consolidated (collective: every
+        rank takes part in the gather)."""
+        state = None if from_file else consolidated_state_dict(self.engine.module, self.grid)
         if self.rank != 0:
             return None
         if state is None:
-            from safetensors.torch import load_file
+            from zoo.checkpoint.final import load_run_weights
 
-            state = load_file(str(weights_file))
+            state = load_run_weights(self.run_dir)
         model = self.task.plain_model()
         load_plain(model, state)
         return model.eval()
@@ -435,10 +435,10 @@ class Trainer:
     def finish(self, eval_loss: float) -> dict:
         """Write the final weights (checkpoint.save_final; collective, tensor by tensor) and
         compute the family's metrics on rank 0, with the plain model where they need it."""
-        final = self.run_dir / "model.safetensors" if self.cfg.checkpoint.save_final else None
-        if final is not None:
-            write_final(self.engine, self.grid, final, self.meta)
-        model = self._plain_model_on_rank0(final) if self.task.final_metrics_need_weights() else None
+        saved = self.cfg.checkpoint.save_final
+        if saved:
+            write_final(self.engine, self.grid, self.run_dir, self.meta)
+        model = self._plain_model_on_rank0(from_file=saved) if self.task.final_metrics_need_weights() else None
         return self.task.final_metrics(model, eval_loss) if self.rank == 0 else {}
 
     def close(self) -> None:

@@ -25,7 +25,8 @@ def test_a_tp_pp_run_prints_only_zoos_lines_and_ends_with_its_result(trained_3d)
     block = stdout[next(i for i, line in enumerate(stdout) if line.startswith("zoo: result: ")):]
     assert block[0].startswith("zoo: result: eval loss ") and "perplexity" in block[0]
     assert block[1].startswith("zoo: run: 3 steps, ")
-    assert block[2] == (f"zoo: run directory {trained_3d.run_dir}: model.safetensors (weights), checkpoints/ "
+    assert block[2] == (f"zoo: run directory {trained_3d.run_dir}: model.safetensors.index.json (weights, a file "
+                        f"per pipeline stage), checkpoints/ "
                         f"(checkpoints), metrics.jsonl (metrics), summary.json (summary), config.yaml (config), "
                         f"topology.txt (rank grid), topology.png (its picture), tokenizer/ (tokenizer)")
     assert block[3] == f"zoo: next: python -m zoo.export {trained_3d.run_dir} {trained_3d.run_dir}/hf"

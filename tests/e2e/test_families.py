@@ -50,7 +50,7 @@ def test_layout_matches_single_process_per_step(family_run, family, preset):
     """BERT tp=2 (vocab-parallel MLM loss, heads split) and pp=2 (tied word embeddings across
     stages, batches of varying length), the CNN at pp=2 (BatchNorm inside the stages): the
     loss of every step and the consolidated weights (with BatchNorm statistics) at the end."""
-    from safetensors.torch import load_file
+    from zoo.checkpoint.final import load_run_weights
 
     ref, run = family_run(family, "ddp"), family_run(family, preset)
     assert len(ref.losses()) == 4 and ref.losses()[0] != ref.losses()[-1]
@@ -61,7 +61,7 @@ def test_layout_matches_single_process_per_step(family_run, family, preset):
     assert run.evals()[2] == pytest.approx(ref.evals()[2], rel=1e-5)
     accuracy = [next(m["eval_accuracy"] for m in r.metrics if m["step"] == 2 and "eval_loss" in m) for r in (run, ref)]
     assert accuracy[0] == pytest.approx(accuracy[1], abs=1e-6) and 0 <= accuracy[0] <= 1
-    ref_w, w = load_file(ref.run_dir / "model.safetensors"), load_file(run.run_dir / "model.safetensors")
+    ref_w, w = load_run_weights(ref.run_dir), load_run_weights(run.run_dir)
     assert w.keys() == ref_w.keys()
     # Element-wise within rtol 1e-4 and atol 1e-6, or 1e-4 of the tensor's scale where that is
     # larger: below it, the bar measures the order in which gradient clipping sums the squared

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import REPO
 from tests.e2e.conftest import HF_FAST as FAST
+from zoo.checkpoint.final import load_run_weights
 
 
 def export(src, out, *flags):
@@ -34,7 +35,7 @@ def test_export_from_3d_then_transformers_logits_match(trained_3d, tmp_path, sou
     tok = AutoTokenizer.from_pretrained(str(out))
     meta = json.loads((trained_3d.run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())["shape"]
     zoo_model = GPT(GPTShape(**meta)).eval()
-    load_plain(zoo_model, load_file(str(trained_3d.run_dir / "model.safetensors")))
+    load_plain(zoo_model, load_run_weights(trained_3d.run_dir))
     ids = torch.tensor([tok("for x in range(10): print(x)")["input_ids"]])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, zoo_model(ids), rtol=1e-5, atol=1e-5)
@@ -76,7 +77,7 @@ def test_an_imported_model_trained_then_exported_ships_the_trained_weights(run_z
     with safe_open(str(run.run_dir / "model.safetensors"), framework="pt") as fh:
         meta = json.loads(fh.metadata()["shape"])
     ours = GPT(GPTShape(**meta)).eval()
-    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))  # the run's final weights
+    load_plain(ours, load_run_weights(run.run_dir))  # the run's final weights
     ids = torch.randint(0, meta["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(GPT2LMHeadModel.from_pretrained(str(out)).eval()(ids).logits, ours(ids),
@@ -123,7 +124,7 @@ def test_bert_export_then_transformers_logits_match(run_zoo, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(out))
     meta = json.loads((run.run_dir / "checkpoints" / "step_0000002" / "state.json").read_text())["shape"]
     ours = build_model(BertShape(**meta, pad_token_id=tok.pad_token_id), seed=0, device=torch.device("cpu")).eval()
-    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))
+    load_plain(ours, load_run_weights(run.run_dir))
     enc = tok("the for statement is used to iterate", "over the elements of a sequence", return_tensors="pt")
     with torch.no_grad():
         expected = hf(**enc).logits
@@ -165,7 +166,7 @@ def test_a_vocabulary_tp_cannot_split_is_padded_inside_and_exported_as_it_was(ru
     ours = spec.model(spec.shape_type(**meta)).eval()
     from zoo.checkpoint.weights import load_plain
 
-    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))
+    load_plain(ours, load_run_weights(run.run_dir))
     ids = torch.randint(0, 4097, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids[:, :-1], ids[:, 1:]), hf(ids, labels=ids).loss, rtol=1e-5, atol=1e-5)

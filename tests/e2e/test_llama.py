@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.e2e.test_hf import export
+from zoo.checkpoint.final import load_run_weights
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +85,7 @@ def test_trained_under_3d_and_exported_transformers_gives_zoos_logits(run_zoo, t
     out = export(run.run_dir, tmp_path / "hf")
     meta = json.loads((run.run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())["shape"]
     ours = LlamaForCausalLM(LlamaShape(**meta)).eval()
-    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))
+    load_plain(ours, load_run_weights(run.run_dir))
     ids = torch.randint(0, meta["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(_hf_logits(out, ids), ours(ids), rtol=1e-4, atol=1e-4)
@@ -117,7 +118,7 @@ def test_a_tied_multi_query_import_trains_under_tp_x_pp_as_one_process_and_expor
     assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
     meta = json.loads((run.run_dir / "checkpoints" / "step_0000010" / "state.json").read_text())["shape"]
     ours = LlamaForCausalLM(LlamaShape(**meta)).eval()
-    load_plain(ours, load_file(str(run.run_dir / "model.safetensors")))
+    load_plain(ours, load_run_weights(run.run_dir))
     ids = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(_hf_logits(out, ids), ours(ids), rtol=1e-4, atol=1e-4)

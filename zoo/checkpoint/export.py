@@ -2,7 +2,7 @@
 
     python -m zoo.export RUN_DIR_OR_CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
 
-Reads the layout-free weights (a run's model.safetensors, or a checkpoint's shards, whatever
+Reads the layout-free weights (a run's final weights, or a checkpoint's shards, whatever
 layout wrote them) one tensor at a time and writes them under transformers' names as they
 come (zoo.checkpoint.stream_write), so the export holds one tensor, never the model:
 `model.safetensors`, or where the weights pass --max-shard-size, transformers' sharded
@@ -42,14 +42,18 @@ def _from_file(path: Path) -> Source:
 def open_zoo(src: Path) -> Tuple[str, dict, Source, Path]:
     """(family, model meta, its weights by plain name, run directory) of a run directory or a checkpoint."""
     from zoo.checkpoint import format1, sharded
+    from zoo.checkpoint.final import weight_files
     from zoo.checkpoint.layout_free import read_state, resolve
     from zoo.checkpoint.sharded import ShardReader
 
-    final = src / "model.safetensors"
-    if final.exists() and not (src / "state.json").exists():  # a finished run's consolidated weights
-        info = ShardReader(final).header.get("__metadata__") or {}
+    finals = weight_files(src) if not (src / "state.json").exists() else []
+    if finals:  # a finished run's final weights (a file per pipeline stage under pp)
+        info = ShardReader(finals[0]).header.get("__metadata__") or {}
         if "shape" in info:
-            return info["family"], json.loads(info["shape"]), _from_file(final), src
+            source: Source = {}
+            for f in finals:
+                source.update(_from_file(f))
+            return info["family"], json.loads(info["shape"]), source, src
     ckpt, notes = (src, []) if (src / "state.json").exists() else resolve(str(src), src, key="")
     for line in notes:
         print(f"zoo.export: {line}", file=sys.stderr)
@@ -57,7 +61,7 @@ def open_zoo(src: Path) -> Tuple[str, dict, Source, Path]:
         raise ZooError(f"{src}: no checkpoint found (train with checkpoint.every=N)")
     state = read_state(ckpt)
     if state["format"] == format1.FORMAT:
-        source: Source = {}
+        source = {}
         for f in sorted(ckpt.glob("model-*.safetensors")):
             source.update(_from_file(f))
     else:

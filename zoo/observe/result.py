@@ -38,7 +38,8 @@ def _metric(s: Dict[str, Any]) -> str:
 
 
 def _contents(run_dir: Path) -> str:
-    known = [("model.safetensors", "weights"), ("checkpoints", "checkpoints"), ("metrics.jsonl", "metrics"),
+    known = [("model.safetensors", "weights"), ("model.safetensors.index.json", "weights, a file per pipeline stage"),
+             ("checkpoints", "checkpoints"), ("metrics.jsonl", "metrics"),
              ("summary.json", "summary"), ("config.yaml", "config"), ("topology.txt", "rank grid"),
              ("topology.png", "its picture"), ("profile", "profiler traces"), ("tokenizer", "tokenizer"), ("wandb", "wandb files")]
     have = [f"{name}{'/' if (run_dir / name).is_dir() else ''} ({what})" for name, what in known
