@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.distributed as dist
 
-from zoo.checkpoint.sharded import _unique_params, _writers, state_buffers
+from zoo.checkpoint.sharded import state_buffers, unique_params, writer_stages
 from zoo.checkpoint.stream_write import StreamWriter
 from zoo.engine.state import full_shape, gathered
 from zoo.parallel.names import plain_name
@@ -31,7 +31,7 @@ def _entries(engine, grid, writers) -> List[Tuple[str, Tuple[int, ...], torch.dt
     from zoo.checkpoint.boxes import full_shape as unsharded
 
     stage, out = grid.get_stage_id(), []
-    for name, p in _unique_params(engine.module):
+    for name, p in unique_params(engine.module):
         plain = plain_name(name)
         if writers[plain] == stage:
             out.append((plain, unsharded(tuple(full_shape(p)), getattr(p, "tp_shard", None)), torch.float32))
@@ -53,7 +53,7 @@ def weight_files(run_dir: Path) -> List[Path]:
 def write_final(engine, grid, run_dir: Path, meta: dict) -> List[Path]:
     """Write the final weights into `run_dir` (collective over all ranks); returns the files."""
     rank, pp = dist.get_rank(), grid.get_pipe_parallel_world_size()
-    writers = _writers(engine, grid)
+    writers = writer_stages(engine, grid)
     stage = grid.get_stage_id()
     first_rank = grid.get_slice_parallel_rank() == 0 and grid.get_data_parallel_rank() == 0
     mine = _entries(engine, grid, writers)
@@ -64,7 +64,7 @@ def write_final(engine, grid, run_dir: Path, meta: dict) -> List[Path]:
         for stale in [run_dir / SINGLE, run_dir / INDEX] if rank == 0 else []:
             stale.unlink(missing_ok=True)  # an earlier run's weights in the other form (a resumed run)
         writer = StreamWriter(run_dir / f".{name}.tmp", [(n, d, s) for n, s, d in mine], metadata=metadata)
-    params: Dict[str, torch.nn.Parameter] = {plain_name(n): p for n, p in _unique_params(engine.module)}
+    params: Dict[str, torch.nn.Parameter] = {plain_name(n): p for n, p in unique_params(engine.module)}
     buffers = state_buffers(engine.module)
     group = tp_group(grid)
     for tensor, shape, dtype in mine:  # every rank of the stage: the gathers are collective

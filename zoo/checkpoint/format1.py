@@ -9,22 +9,14 @@ from pathlib import Path
 from typing import Iterator, Tuple
 
 import torch
-import torch.nn as nn
 
+from zoo.checkpoint.sharded import unique_params
 from zoo.engine import state as engine_state
 from zoo.errors import CheckpointError
 from zoo.parallel.names import plain_name
 from zoo.parallel.sharding import local_shard
 
 FORMAT = "zoo-checkpoint-1"
-
-
-def _unique_params(module: nn.Module) -> Iterator[Tuple[str, nn.Parameter]]:
-    seen = set()
-    for name, p in module.named_parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            yield name, p
 
 
 class _Tensors:
@@ -48,7 +40,7 @@ def load(engine, path: Path, state: dict) -> None:
     weights, optim = _Tensors(path, "model"), _Tensors(path, "optim")
     device = next(engine.module.parameters()).device
     keys = engine_state.state_keys(engine)
-    for pname, p in _unique_params(engine.module):
+    for pname, p in unique_params(engine.module):
         plain = plain_name(pname)
         w = local_shard(weights.get(plain), p).to(device)
         moments = {k: local_shard(optim.get(f"{k}.{plain}"), p).to(device) for k in keys}

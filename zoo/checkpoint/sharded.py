@@ -41,7 +41,7 @@ from zoo.parallel.names import plain_name
 MODEL = "model"  # the fp32 master weights (and buffers); optimizer states go under their own key
 
 
-def _unique_params(module: nn.Module) -> Iterator[Tuple[str, nn.Parameter]]:
+def unique_params(module: nn.Module) -> Iterator[Tuple[str, nn.Parameter]]:
     seen = set()
     for name, p in module.named_parameters():
         if id(p) not in seen:
@@ -71,9 +71,9 @@ def _ravel(offsets, shape) -> int:
 
 
 # -- save -----------------------------------------------------------------------------------
-def _writers(engine, grid) -> Dict[str, int]:
+def writer_stages(engine, grid) -> Dict[str, int]:
     """The pipeline stage that writes each parameter and buffer: the first that holds it."""
-    names = {plain_name(n) for n, _ in _unique_params(engine.module)} | set(state_buffers(engine.module))
+    names = {plain_name(n) for n, _ in unique_params(engine.module)} | set(state_buffers(engine.module))
     held = [None] * dist.get_world_size()
     dist.all_gather_object(held, (grid.get_stage_id(), sorted(names)))
     first: Dict[str, int] = {}
@@ -91,7 +91,7 @@ def _pieces(engine, grid, writers) -> List[tuple]:
     dp_rank, dp = grid.get_data_parallel_rank(), grid.get_data_parallel_world_size()
     keys = engine_state.state_keys(engine)
     out = []
-    for pname, p in _unique_params(engine.module):
+    for pname, p in unique_params(engine.module):
         plain, spec = plain_name(pname), getattr(p, "tp_shard", None)
         if writers[plain] != stage or (spec is None and tp_rank != 0):
             continue
@@ -127,7 +127,7 @@ class ShardWrite:
     def __init__(self, engine, grid, directory: Path):
         engine_state.ensure_optimizer_state(engine)
         rank = dist.get_rank()
-        self.pieces = _pieces(engine, grid, _writers(engine, grid))
+        self.pieces = _pieces(engine, grid, writer_stages(engine, grid))
         self.directory, self.rank = directory, rank
         self.shard, self.index_name = f"shard-{rank:05d}.safetensors", f"index-{rank:05d}.json"
         self.staged: Optional[List[torch.Tensor]] = None
@@ -318,7 +318,7 @@ def read(engine, directory: Path, optimizer_step: int) -> None:
     engine_state.ensure_optimizer_state(engine)
     index = Index(directory)
     keys = engine_state.state_keys(engine)
-    for pname, p in _unique_params(engine.module):
+    for pname, p in unique_params(engine.module):
         plain, spec = plain_name(pname), getattr(p, "tp_shard", None)
         local = tuple(engine_state.full_shape(p))
         full = full_shape(local, spec)
