@@ -179,6 +179,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     again = checkpoint.save(engine, grid, root_async, step=3, consumed=0, meta=meta, keep=1, background=True,
                             staging=pending.staging)
     row["async_stall_s"] = time.perf_counter() - t0
+    row["async_copy_s"] = again.stall_s  # of which copying the shard to host memory
     checkpoint.finish(again)
     row["async_write_s"] = again.seconds
     state = checkpoint.read_state(saved)
@@ -287,9 +288,10 @@ def main(argv=None) -> None:
     for name in args.only:
         stall = max(r["async_stall_s"] for r in rows if r["layout"] == name)
         first = max(r["async_first_stall_s"] for r in rows if r["layout"] == name)
+        copy = max(r["async_copy_s"] for r in rows if r["layout"] == name)
         print(f"async save {name}: the step stalled {stall:.3f} s = {stall / save_s[name]:.3f} of the synchronous "
               f"save's {save_s[name]:.2f} s (target <= 0.10; the first, which allocates the buffer: {first:.3f} s = "
-              f"{first / save_s[name]:.3f}); staging held "
+              f"{first / save_s[name]:.3f}; the copy itself {copy:.3f} s); staging held "
               f"{max(r['async_save'] / r['share'] for r in rows if r['layout'] == name):.2f}x the share")
     if "ddp4" in save_s:
         for name in args.only:

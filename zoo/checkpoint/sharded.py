@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -118,6 +119,9 @@ def _pieces(engine, grid, writers) -> List[tuple]:
     return out
 
 
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> its pieces (_pieces)
+
+
 class ShardWrite:
     """One rank's part of a save: what it writes, decided collectively (`prepare`), then
     written by `run` (no collective: a background thread may run it). `stage()` first copies
@@ -127,7 +131,9 @@ class ShardWrite:
     def __init__(self, engine, grid, directory: Path):
         engine_state.ensure_optimizer_state(engine)
         rank = dist.get_rank()
-        self.pieces = _pieces(engine, grid, writer_stages(engine, grid))
+        if engine not in _PLANS:  # what a rank writes is the same at every save of a run
+            _PLANS[engine] = _pieces(engine, grid, writer_stages(engine, grid))
+        self.pieces = _PLANS[engine]
         self.directory, self.rank = directory, rank
         self.shard, self.index_name = f"shard-{rank:05d}.safetensors", f"index-{rank:05d}.json"
         self.staged: Optional[List[torch.Tensor]] = None
