@@ -53,6 +53,7 @@ class PendingSave:
         self.stall_s, self.started = stall_s, time.perf_counter()
         self.written: Optional[dict] = None
         self.error: Optional[BaseException] = None
+        self.staging: Optional[torch.Tensor] = None  # the host buffer it was staged in (kept for the next)
         self.thread = threading.Thread(target=self._run, name=f"zoo-save-{final.name}", daemon=True)
         if background:
             self.thread.start()
@@ -116,7 +117,8 @@ def finish(pending: PendingSave) -> Path:
     """Complete a checkpoint once every rank wrote its shard (collective: waits for this rank's
     writer): record the checksums, move it into place and `latest` to it. A rank whose write
     failed fails the checkpoint on every rank, `latest` untouched."""
-    pending.thread.join() if pending.thread.ident is not None else None
+    if pending.thread.ident is not None:  # started: a background write
+        pending.thread.join()
     rank = dist.get_rank()
     errors = [None] * dist.get_world_size()
     dist.all_gather_object(errors, None if pending.error is None else f"{type(pending.error).__name__}: "

@@ -119,14 +119,15 @@ def _pieces(engine, grid, writers) -> List[tuple]:
     return out
 
 
-_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> its pieces (_pieces)
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> what its rank writes (_pieces)
 
 
 class ShardWrite:
-    """One rank's part of a save: what it writes, decided collectively (`prepare`), then
-    written by `run` (no collective: a background thread may run it). `stage()` first copies
-    every piece to host memory, so training may change the engine's tensors meanwhile (an
-    asynchronous save); unstaged, `run` reads them as it writes."""
+    """One rank's part of a save: what it writes, decided when it is built (collectively, at
+    a run's first save; kept per engine after that), then written by `run` (no collective: a
+    background thread may run it). `stage()` first copies every piece to host memory, so
+    training may change the engine's tensors meanwhile (an asynchronous save); unstaged,
+    `run` reads them as it writes."""
 
     def __init__(self, engine, grid, directory: Path):
         engine_state.ensure_optimizer_state(engine)
