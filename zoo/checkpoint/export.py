@@ -24,9 +24,9 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
+from zoo.engine.config import TORCH_DTYPES as DTYPES
 from zoo.errors import ZooError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Source = Dict[str, Tuple[Tuple[int, ...], Callable[[], torch.Tensor]]]  # name -> (shape, read it)
 
 

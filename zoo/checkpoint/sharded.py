@@ -198,12 +198,6 @@ class ShardWrite:
         return written
 
 
-def write(engine, grid, directory: Path) -> Dict[str, dict]:
-    """Write this rank's shard and index into `directory` (collective: every rank calls it);
-    returns their {file name: {bytes, xxh3_64}} for the checkpoint's checksums."""
-    return ShardWrite(engine, grid, directory).run()
-
-
 # -- load -----------------------------------------------------------------------------------
 class ShardReader:
     """Slices of a shard's tensors read with pread, not memory-mapped (safetensors' safe_open):

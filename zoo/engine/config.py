@@ -9,8 +9,12 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict
 
+import torch
+
 from zoo.config.schema import Config
 from zoo.parallel.topology import Layout
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision.dtype -> torch
 
 
 def micro_batching(cfg: Config, layout: Layout) -> tuple[int, int]:

@@ -55,10 +55,11 @@ class Task:
         options = self.build_options(grid)
         if self.layout.zero_stage == 3:
             from zoo.engine import deepspeed_config
+            from zoo.engine.config import TORCH_DTYPES
 
-            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.cfg.precision.dtype]
             options["zero3"] = ZeroThree(config=deepspeed_config(self.cfg, self.layout),
-                                         group=grid.get_data_parallel_group(), dtype=dtype)
+                                         group=grid.get_data_parallel_group(),
+                                         dtype=TORCH_DTYPES[self.cfg.precision.dtype])
         model = build(self.shape, self.layout, weights=self.init_state, **options)
         if self.cfg.model.compile:
             from zoo.model_compile import compile_model

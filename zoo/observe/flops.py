@@ -109,7 +109,9 @@ def cached_cpu_peak_flops(dtype: str, cache_dir: Optional[str] = None) -> tuple[
     how = f"measured {dtype} matmul, {threads} thread(s)"
     if isinstance(table.get(key), (int, float)) and table[key] > 0:
         return float(table[key]), f"{how}, cached in {path}"
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    from zoo.engine.config import TORCH_DTYPES
+
+    torch_dtype = TORCH_DTYPES.get(dtype, torch.float32)
     peak = measured_matmul_flops(torch_dtype)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
