@@ -91,7 +91,7 @@ def _pieces(engine, grid, writers) -> List[tuple]:
     stage, tp_rank = grid.get_stage_id(), grid.get_slice_parallel_rank()
     dp_rank, dp = grid.get_data_parallel_rank(), grid.get_data_parallel_world_size()
     keys = engine_state.state_keys(engine)
-    out = []
+    by_kind: Dict[str, List[tuple]] = {kind: [] for kind in (MODEL, *keys)}
     for pname, p in unique_params(engine.module):
         plain, spec = plain_name(pname), getattr(p, "tp_shard", None)
         if writers[plain] != stage or (spec is None and tp_rank != 0):
@@ -107,9 +107,14 @@ def _pieces(engine, grid, writers) -> List[tuple]:
         sources += [(key, lambda p=p, key=key: engine_state.optimizer_held(engine, p, key)) for key in keys]
         boxes = [(_ravel(box[0], local) - held_start, box[1], full_box, within)
                  for box in flat_boxes(local, start, numel) for full_box, within in to_full(box, spec, full)]
-        for kind, source in sources:  # kind by kind: each source is read once (write's cache)
+        for kind, source in sources:  # a source's pieces together: each source is read once (write's cache)
             for flat, box_shape, full_box, within in boxes:
-                out.append((f"{kind}/{plain}", full, full_box, torch.float32, source, flat, box_shape, within))
+                by_kind[kind].append((f"{kind}/{plain}", full, full_box, torch.float32, source, flat, box_shape,
+                                      within))
+    # Kind by kind, in the order of their memory: where the engine keeps a kind in flat
+    # partitions (ZeRO), consecutive pieces are then consecutive in memory and `stage` copies
+    # them at once (the order is only that: `stage` checks adjacency at each save).
+    out = [piece for kind in by_kind.values() for piece in sorted(kind, key=_address)]
     if tp_rank == 0 and dp_rank == 0:
         for name, b in state_buffers(engine.module).items():
             if writers[name] == stage:
@@ -117,6 +122,12 @@ def _pieces(engine, grid, writers) -> List[tuple]:
                 out.append((f"{MODEL}/{name}", tuple(b.shape), box, b.dtype, lambda b=b: b.detach().reshape(-1), 0,
                             tuple(b.shape), box))
     return out
+
+
+def _address(piece: tuple) -> Tuple[int, int]:
+    """(its storage, where in memory it starts) of a piece's source today."""
+    source, flat = piece[4](), piece[5]
+    return source.untyped_storage().data_ptr(), source.data_ptr() + flat * source.element_size()
 
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> what its rank writes (_pieces)
@@ -149,7 +160,9 @@ class ShardWrite:
             if cached[0] is not source:
                 cached = (source, source())
             values = cached[1].narrow(0, flat, math.prod(box_shape)).view(box_shape)
-            yield values[tuple(slice(o, o + s) for o, s in zip(*within))].to(dtype)
+            if within[1] != box_shape:  # a part of the box (tensor parallelism cut it)
+                values = values[tuple(slice(o, o + s) for o, s in zip(*within))]
+            yield values if values.dtype == dtype else values.to(dtype)
 
     def staged_bytes(self) -> int:
         """The host memory `stage` needs."""
@@ -164,12 +177,19 @@ class ShardWrite:
         if buffer is None or buffer.numel() < need:
             buffer = torch.empty(need, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         staged, offset = [], 0
+        run = None  # [first source piece, elements, buffer offset]: pieces contiguous in memory, copied at once
         for (_, _, box, dtype, *_), values in zip(self.pieces, self._values()):
             nbytes = values.numel() * values.element_size()
-            view = buffer.narrow(0, offset, nbytes).view(dtype).view(box[1])
-            view.copy_(values)
-            staged.append(view)
+            staged.append(buffer.narrow(0, offset, nbytes).view(dtype).view(box[1]))
+            if run is not None and _follows(run, values):
+                run[1] += values.numel()
+            else:
+                _copy_run(run, buffer)
+                run = [values, values.numel(), offset] if values.is_contiguous() else None
+                if run is None:
+                    staged[-1].copy_(values)
             offset += nbytes
+        _copy_run(run, buffer)
         self.staged = staged
         return buffer
 
@@ -196,6 +216,22 @@ class ShardWrite:
 
         written[self.index_name] = {"bytes": len(text.encode()), "xxh3_64": digest(self.directory / self.index_name)}
         return written
+
+
+def _follows(run: list, values: torch.Tensor) -> bool:
+    """`values` continue the run in memory: contiguous, of its dtype, right after it in its storage."""
+    first = run[0]
+    return (values.is_contiguous() and values.dtype == first.dtype
+            and values.data_ptr() == first.data_ptr() + run[1] * first.element_size()
+            and values.untyped_storage().data_ptr() == first.untyped_storage().data_ptr())
+
+
+def _copy_run(run: Optional[list], buffer: torch.Tensor) -> None:
+    if run is None:
+        return
+    first, numel, offset = run
+    source = first.as_strided((numel,), (1,), first.storage_offset())
+    buffer.narrow(0, offset, numel * first.element_size()).view(first.dtype).copy_(source)
 
 
 # -- load -----------------------------------------------------------------------------------
