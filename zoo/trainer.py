@@ -67,8 +67,9 @@ class Trainer:
             self.profile = ProfileWindow(cfg, run_dir, rank=self.rank, coords=coords, device=device,
                                          comm=self.monitor.comm, engine=self.engine, pipelined=self.pipelined)
         self.loader = None
-        # A checkpoint written in the background, the steps' stall for them, and the host buffer
-        # its shard was staged in (kept: the next async save copies into it, no page faults).
+        # A checkpoint written in the background, the steps' stall for them (starting the saves and
+        # waiting for their staging copies), and the host buffer its shard was staged in (kept:
+        # the next async save copies into it, no page faults).
         self.pending, self.stall_s, self.staging = None, 0.0, None
         tracker = open_tracker(cfg, layout, run_dir, self.rank, {
             "world_size": layout.world_size, "layout": layout.name, "micro_batch_size": self.micro_batch_size,
@@ -125,8 +126,8 @@ class Trainer:
         if not background:
             return saved
         self.pending, self.stall_s, self.staging = saved, self.stall_s + saved.stall_s, saved.staging
-        self.log.write(f"zoo: checkpoint {saved.final.name}: the step stalled {saved.stall_s:.2f} s to stage it, "
-                       f"written in the background (checkpoint.async_save)")
+        self.log.write(f"zoo: checkpoint {saved.final.name}: the step stalled {saved.stall_s:.2f} s to start it; "
+                       f"staged and written in the background (checkpoint.async_save)")
         return saved.final
 
     def finish_pending(self) -> None:
@@ -136,7 +137,9 @@ class Trainer:
             return
         pending, self.pending = self.pending, None
         path = checkpoint.finish(pending)
-        self.log.write(f"zoo: checkpoint {path.name} written ({pending.seconds:.2f} s in the background)")
+        self.stall_s += pending.waited_s
+        self.log.write(f"zoo: checkpoint {path.name} written ({pending.seconds:.2f} s in the background; the next "
+                       f"optimizer step waited {pending.waited_s:.2f} s for its staging copy)")
 
     # -- steps ------------------------------------------------------------------------------
     def open_loader(self) -> StepLoader:

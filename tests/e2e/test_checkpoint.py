@@ -224,6 +224,7 @@ def test_an_async_save_resumes_on_another_layout_and_sigterm_waits_for_the_write
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err[-3000:]
     assert "step_0000004: the step stalled" in out and "checkpoint step_0000004 written" in out, out[-3000:]
+    assert "waited" in out.split("checkpoint step_0000004 written")[1].splitlines()[0], out[-3000:]
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     stopped = int(latest.split("_")[1])
     assert stopped >= 4 and (run_dir / "checkpoints" / "step_0000004" / "checksums.json").exists()

@@ -45,27 +45,44 @@ FORMATS = (format1.FORMAT, FORMAT)  # what a resume reads
 
 class PendingSave:
     """A checkpoint whose shards are being written: in a background thread (an asynchronous
-    save, from copies staged in host memory) or already, inline. `finish` completes it."""
+    save: it first copies the parameters' state to host memory, which the optimizer's next
+    step waits for, then writes the copies) or already, inline. `finish` completes it."""
 
-    def __init__(self, job, *, tmp: Path, final: Path, periodic: bool, keep: int, background: bool,
-                 stall_s: float = 0.0):
+    def __init__(self, job, *, tmp: Path, final: Path, periodic: bool, keep: int, background: bool):
         self.job, self.tmp, self.final, self.periodic, self.keep = job, tmp, final, periodic, keep
-        self.stall_s, self.started = stall_s, time.perf_counter()
+        self.stall_s, self.started = 0.0, time.perf_counter()  # stall_s: how long the save itself held the step
+        self.waited_s = 0.0  # what the optimizer's next step waited for the staging copy
         self.written: Optional[dict] = None
         self.error: Optional[BaseException] = None
         self.staging: Optional[torch.Tensor] = None  # the host buffer it was staged in (kept for the next)
-        self.thread = threading.Thread(target=self._run, name=f"zoo-save-{final.name}", daemon=True)
+        self.state_json = ""  # state.json's text, and this rank's RNG state: written by finish
+        self.rng: Optional[torch.Tensor] = None
+        self.staged = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(background,), name=f"zoo-save-{final.name}",
+                                       daemon=True)
         if background:
             self.thread.start()
         else:
-            self._run()
+            self._run(False)
 
-    def _run(self) -> None:
+    def _run(self, stage: bool) -> None:
         try:
+            if stage:
+                self.job.stage_state()
+                self.staged.set()
             self.written = self.job.run()
         except BaseException as err:  # reported to every rank by finish
             self.error = err
+        finally:
+            self.staged.set()
         self.seconds = time.perf_counter() - self.started
+
+    def wait_staged(self) -> None:
+        """Wait until the parameters' state is copied (before the optimizer changes it)."""
+        if not self.staged.is_set():
+            t0 = time.perf_counter()
+            self.staged.wait()
+            self.waited_s += time.perf_counter() - t0
 
     def state(self) -> int:
         """This rank's part: 0 written, 1 still writing, 2 failed."""
@@ -79,10 +96,10 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
     native: also DeepSpeed's per-rank files, for a fast resume on this layout. `name` (e.g.
     `best`) writes ckpt_root/name instead of step_N, which neither `latest` nor pruning touch.
     `background`: stage each rank's shard in host memory (`staging`: the buffer of the last
-    such save, reused) and write it in a thread; returns a PendingSave (its `staging` buffer
-    to reuse), which `finish` completes (collective) once written."""
-    from safetensors.torch import save_file
-
+    such save, reused) and write it, in a thread; the optimizer's next step waits until the
+    thread has copied what it changes. Returns a PendingSave (its `staging` buffer to reuse),
+    which `finish` completes (collective) once written."""
+    t0 = time.perf_counter()
     rank = dist.get_rank()
     periodic = name is None
     name = name or f"step_{step:07d}"
@@ -92,24 +109,21 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
         tmp.mkdir(parents=True)
     dist.barrier()
     job = sharded.ShardWrite(engine, grid, tmp)
-    t0 = time.perf_counter()
-    if background:
-        staging = job.stage(staging)  # from here on training may change the engine's tensors
-    stall = time.perf_counter() - t0
-    rngs = [None] * dist.get_world_size()
-    dist.all_gather_object(rngs, torch.get_rng_state())
-    if rank == 0:
-        save_file({f"rank_{i}": r for i, r in enumerate(rngs)}, str(tmp / "rng.safetensors"))
-        state = {"format": FORMAT, "step": step, "consumed": consumed,
-                 "optimizer_step": engine_state.optimizer_step(engine),
-                 "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
-                 "loss_scale": engine_state.saved_loss_scale(engine), "world_size": dist.get_world_size(), **meta}
-        (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+    if background:  # the buffers now (a forward changes them); the rest in the writer's thread
+        staging = job.allocate(staging)
+        job.stage_buffers()
+    # What the step is, taken now; gathered and written by finish (no collective here).
+    state = {"format": FORMAT, "step": step, "consumed": consumed, "optimizer_step": engine_state.optimizer_step(engine),
+             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+             "loss_scale": engine_state.saved_loss_scale(engine), "world_size": dist.get_world_size(), **meta}
     if native:
         native_checkpoint.save(engine, tmp)
-    pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background,
-                          stall_s=stall)
-    pending.staging = staging
+    pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background)
+    pending.staging, pending.rng = staging, torch.get_rng_state()
+    pending.state_json = json.dumps(state, indent=1, default=str)  # as it is now: text, nothing shared with the engine
+    if background:
+        engine_state.before_next_optimizer_step(engine, pending.wait_staged)
+        pending.stall_s = time.perf_counter() - t0
     return pending if background else finish(pending)
 
 
@@ -119,11 +133,13 @@ def finish(pending: PendingSave) -> Path:
     failed fails the checkpoint on every rank, `latest` untouched."""
     if pending.thread.ident is not None:  # started: a background write
         pending.thread.join()
+    from safetensors.torch import save_file
+
     rank = dist.get_rank()
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, None if pending.error is None else f"{type(pending.error).__name__}: "
-                                                                      f"{pending.error}")
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    parts = [None] * dist.get_world_size()  # each rank's (error, RNG state)
+    dist.all_gather_object(parts, (None if pending.error is None else f"{type(pending.error).__name__}: "
+                                                                      f"{pending.error}", pending.rng))
+    failed = [(r, e) for r, (e, _) in enumerate(parts) if e is not None]
     root = pending.final.parent
     if failed:
         if rank == 0:
@@ -137,6 +153,8 @@ def finish(pending: PendingSave) -> Path:
     dist.gather_object(pending.written, digests, dst=0)
     dist.barrier()
     if rank == 0:
+        save_file({f"rank_{i}": rng for i, (_, rng) in enumerate(parts)}, str(pending.tmp / "rng.safetensors"))
+        (pending.tmp / "state.json").write_text(pending.state_json)
         write_checksums(pending.tmp, known={f: d for part in digests for f, d in part.items()})  # last: finished
         shutil.rmtree(pending.final, ignore_errors=True)
         os.replace(pending.tmp, pending.final)

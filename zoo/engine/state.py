@@ -179,8 +179,8 @@ def optimizer_held(engine, p: nn.Parameter, key: str, step: int = 0) -> torch.Te
         return p._hp_mapping.get_optim_state_fragment(key) if p._hp_mapping is not None else torch.empty(0)
     base = base_optimizer(engine)
     state = base.state[p]
-    if not isinstance(base, torch.optim.SGD):
-        state.setdefault("step", torch.tensor(float(step)))
+    if not isinstance(base, torch.optim.SGD) and "step" not in state:
+        state["step"] = torch.tensor(float(step))
     if state.get(key) is None:
         state[key] = torch.zeros_like(p, dtype=torch.float32)
     return state[key].view(-1)
@@ -230,6 +230,25 @@ def keep_fp32_grad_norm(engine) -> None:
                                                    max_norm=engine.gradient_clipping(), mpu=engine.mpu)
 
     engine.clip_fp32_gradients = clip_fp32_gradients
+
+
+def before_next_optimizer_step(engine, fn) -> None:
+    """Call `fn` right before the optimizer's next step, whoever calls it (the trainer, the
+    pipeline engine's schedule, a step of gradient accumulation's boundary): what must finish
+    before the fp32 weights and optimizer state change (an asynchronous save's staging copy).
+    The optimizer's `step` is wrapped once per optimizer; `fn` runs once."""
+    opt = engine.optimizer
+    waiting = opt.__dict__.setdefault("_zoo_before_step", [])
+    if "step" not in opt.__dict__:  # not yet wrapped (an instance attribute over the class's method)
+        original = opt.step
+
+        def step(*args, **kwargs):
+            while waiting:
+                waiting.pop(0)()
+            return original(*args, **kwargs)
+
+        opt.step = step
+    waiting.append(fn)
 
 
 def set_global_steps(engine, step: int) -> None:
