@@ -58,6 +58,7 @@ class Trainer:
         self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
         self.stopped_early = None  # the step early stopping ended the run at
         self.resumed_from = self._resume() if cfg.resume else None
+        self._test_overflow()
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
         self.profile = None
         if cfg.trainer.profile.start:
@@ -140,6 +141,19 @@ class Trainer:
         self.stall_s += pending.waited_s
         self.log.write(f"zoo: checkpoint {path.name} written ({pending.seconds:.2f} s in the background; the next "
                        f"optimizer step waited {pending.waited_s:.2f} s for its staging copy)")
+
+    def _test_overflow(self) -> None:
+        """Tests only: with ZOO_TEST_INF_GRAD=STEP:RANK, that rank's gradient of its first
+        parameter is inf in that step's backward (an fp16 overflow on one rank)."""
+        import os
+
+        spec = os.environ.get("ZOO_TEST_INF_GRAD")
+        if not spec:
+            return
+        step, rank = (int(x) for x in spec.split(":"))
+        if self.rank == rank:
+            first = next(p for p in self.engine.module.parameters() if p.requires_grad)
+            first.register_hook(lambda g: torch.full_like(g, float("inf")) if self.step + 1 == step else g)
 
     # -- steps ------------------------------------------------------------------------------
     def open_loader(self) -> StepLoader:
@@ -384,6 +398,8 @@ class Trainer:
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
             "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started,
             **({"checkpoint_stall_s": self.stall_s} if self.cfg.checkpoint.async_save else {}),
+            **({"skipped_steps": engine_state.skipped_steps(self.engine),
+                "loss_scale": engine_state.loss_scale(self.engine)} if self.cfg.precision.dtype == "fp16" else {}),
             **({"compile_s": compile_seconds() - compile_start} if self.cfg.model.compile else {}),
             **({"startup": self.startup.phases()} if self.startup is not None else {})}
         self.log.summary(summary)

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from zoo.config.paths import check_paths
 from zoo.config.ranges import check_ranges, range_warnings
-from zoo.config.schema import Config
+from zoo.config.schema import Config, PrecisionConfig
 from zoo.errors import ConfigError
 from zoo.parallel.topology import Layout
 
@@ -57,9 +57,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     _check_data(cfg, spec)
     check_paths(cfg, spec)
     _check_micro_batch(cfg, layout, cuda_available)
-    if cfg.precision.dtype == "fp16":
-        _require(cuda_available, "precision=fp16 needs CUDA (dynamic loss scaling runs on the GPU) and no GPU "
-                                 "is visible; use precision=bf16 or precision=fp32 on this machine")
+    _check_scaler(cfg, layout, cuda_available)
     layers, what = spec.check(cfg, layout, warnings)
     _require(spec.tp_plan is not None or layout.tp == 1,
              f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel plan; use parallel.tp=1")
@@ -201,6 +199,33 @@ def _check_data(cfg: Config, spec) -> None:
         for m in d.mix:
             _require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
                      f"data.mix entry {m} needs name: pydoc, files or hub (and path, weight)")
+
+
+SCALER_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
+
+
+def _check_scaler(cfg: Config, layout: Layout, cuda_available: bool) -> None:
+    """fp16 where this machine computes it; its loss scaler's keys only where they act."""
+    prec = cfg.precision
+    if prec.dtype == "fp16" and not cuda_available:
+        from zoo.engine.half import cpu_computes_fp16
+
+        _require(cpu_computes_fp16(), "precision=fp16: torch does not compute float16 on this CPU (the probe's "
+                                      "fp16 matmul failed or overflowed wrongly); use precision=bf16 or fp32")
+    defaults = PrecisionConfig()
+    changed = [k for k in SCALER_KEYS if getattr(prec, k) != getattr(defaults, k)]
+    if prec.dtype != "fp16" and changed:
+        key = changed[0]
+        raise ConfigError(f"precision.{key}={getattr(prec, key)} sets fp16's loss scaler, but precision.dtype="
+                          f"{prec.dtype} has none (it does nothing); use precision=fp16, or drop precision.{key}")
+    if prec.dtype == "fp16" and layout.zero_stage == 0 and prec.hysteresis != defaults.hysteresis:
+        raise ConfigError(f"precision.hysteresis={prec.hysteresis} does nothing at parallel.zero_stage=0 "
+                          f"(DeepSpeed's fp16 optimizer there halves the scale at every overflow); use "
+                          f"parallel.zero_stage=1 or more, or drop precision.hysteresis")
+    if prec.dtype == "fp16" and prec.loss_scale == 0 and prec.min_loss_scale > 2 ** prec.initial_scale_power:
+        raise ConfigError(f"precision.min_loss_scale={prec.min_loss_scale:g} is above the first loss scale "
+                          f"2**precision.initial_scale_power={2 ** prec.initial_scale_power}; lower "
+                          f"precision.min_loss_scale or raise precision.initial_scale_power")
 
 
 def _check_micro_batch(cfg: Config, layout: Layout, cuda_available: bool) -> None:

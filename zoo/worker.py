@@ -40,6 +40,10 @@ def init_distributed(cfg: Config) -> None:
 
     lean_start.skip_shm_comm_op()
     lean_start.skip_muon_import(cfg.deepspeed)
+    if cfg.precision.dtype == "fp16":  # on a CPU: DeepSpeed's fp16 paths, where torch computes fp16 here
+        from zoo.engine import half
+
+        half.enable_on_cpu()
 
     backend = cfg.parallel.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     timeout = timedelta(seconds=cfg.parallel.timeout_s)

@@ -23,7 +23,8 @@ BAD_INPUT = [
     (["trainer.max_step=5"], "trainer.max_step is not a key of the config: did you mean trainer.max_steps?"),
     (["run_dir=/tmp/x"], "run_dir is not a key of the config: did you mean hydra.run.dir?"),
     (["trainer.micro_batch_size=abc"], "micro_batch_size"),
-    (["precision=fp16"], "precision=fp16 needs CUDA"),
+    (["precision=fp16", "precision.loss_scale=-1"], "precision.loss_scale=-1.0 must be >= 0 (0: dynamic loss scaling)"),
+    (["precision.hysteresis=3"], "precision.hysteresis=3 sets fp16's loss scaler, but precision.dtype=fp32 has none"),
     (["trainer.global_batch_size=30", "trainer.micro_batch_size=4"], "trainer.global_batch_size=30"),
     (["model.n_head=0"], "model.n_head=0 must be positive"),
     (["parallel=tp", "model.n_head=3", "model.n_embd=96"], "parallel.tp=2 does not divide model.n_head (3)"),
@@ -88,7 +89,7 @@ def test_main_job_trains_and_generates(run_zoo):
     run = run_zoo()
     s = run.summary
     assert s["eval_perplexity"] * 2 <= s["unigram_perplexity"], s
-    assert "sample: " in run.stdout and len(s["sample"]) > len("The for statement")
+    assert "zoo: sample (prompt " in run.stdout and len(s["sample"]) > len("The for statement")
     for key in ("final_loss", "eval_loss", "tokens_per_s", "world_size", "tp", "pp", "dp", "zero_stage",
                 "params", "wall_time_s"):
         assert key in s

@@ -84,7 +84,17 @@ def check(cfg: Config, world=None, cuda=False):
     (["trainer.global_batch_size=30", "trainer.micro_batch_size=4"],
      r"trainer.global_batch_size=30 is not divisible by trainer.micro_batch_size\(4\) \* dp\(1\) = 4"),
     (["parallel=zero2", "trainer.global_batch_size=12", "trainer.micro_batch_size=4"], r"\* dp\(2\) = 8"),
-    (["precision=fp16"], r"precision=fp16 needs CUDA.*precision=bf16"),
+    (["precision.hysteresis=3"], r"precision.hysteresis=3 sets fp16's loss scaler, but precision.dtype=fp32 has "
+                                 r"none \(it does nothing\); use precision=fp16, or drop precision.hysteresis"),
+    (["precision=bf16", "precision.loss_scale=128"], r"precision.loss_scale=128.0 sets fp16's loss scaler, but "
+                                                     r"precision.dtype=bf16"),
+    (["precision=fp16", "precision.hysteresis=4"], r"precision.hysteresis=4 does nothing at parallel.zero_stage=0 "
+                                                   r".*use parallel.zero_stage=1 or more"),
+    (["precision=fp16", "precision.min_loss_scale=512", "precision.initial_scale_power=8"],
+     r"precision.min_loss_scale=512 is above the first loss scale 2\*\*precision.initial_scale_power=256"),
+    (["precision=fp16", "precision.loss_scale=-1"], r"precision.loss_scale=-1.0 must be >= 0 \(0: dynamic"),
+    (["precision=fp16", "precision.initial_scale_power=40"], r"precision.initial_scale_power=40 must be in \[0, 32\]"),
+    (["precision=fp16", "precision.loss_scale_window=0"], r"precision.loss_scale_window=0 must be positive"),
     (["trainer.micro_batch_size=0"], r"trainer.micro_batch_size=0 must be positive"),
     (["model.n_layer=-1"], r"model.n_layer=-1 must be positive"),
     (["model.size=huge"], r"model.size='huge' is not a GPT size"),
@@ -106,6 +116,17 @@ def check(cfg: Config, world=None, cuda=False):
 def test_bad_config_messages(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check(composed(*overrides))
+
+
+def test_fp16_runs_on_a_cpu_that_computes_it_and_is_refused_on_one_that_does_not(monkeypatch):
+    from zoo.engine import half
+
+    check(composed("precision=fp16", "parallel=zero1", "precision.hysteresis=3"))  # this CPU computes fp16
+    monkeypatch.setattr(half, "cpu_computes_fp16", lambda: False)
+    with pytest.raises(ConfigError, match=r"precision=fp16: torch does not compute float16 on this CPU .*; use "
+                                          r"precision=bf16 or fp32"):
+        check(composed("precision=fp16"))
+    check(composed("precision=fp16"), cuda=True)  # on CUDA the probe is not asked
 
 
 def test_external_launcher_world_must_fit_the_model_ranks():

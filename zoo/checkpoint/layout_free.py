@@ -115,7 +115,8 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
     # What the step is, taken now; gathered and written by finish (no collective here).
     state = {"format": FORMAT, "step": step, "consumed": consumed, "optimizer_step": engine_state.optimizer_step(engine),
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
-             "loss_scale": engine_state.saved_loss_scale(engine), "world_size": dist.get_world_size(), **meta}
+             "loss_scale": engine_state.saved_loss_scale(engine), "scaler_state": engine_state.scaler_state(engine),
+             "skipped_steps": engine_state.skipped_steps(engine), "world_size": dist.get_world_size(), **meta}
     if native:
         native_checkpoint.save(engine, tmp)
     pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background)
@@ -259,6 +260,8 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if state.get("loss_scale") is not None:
             engine_state.set_loss_scale(engine, state["loss_scale"])
+        engine_state.set_scaler_state(engine, state.get("scaler_state") or {})
+    engine_state.set_skipped_steps(engine, state.get("skipped_steps", 0))
     if engine.lr_scheduler is not None:
         # The schedule's position is loaded, but the optimizer's learning rates are the ones
         # of the run that wrote the checkpoint (whose schedule may have been shorter): step the

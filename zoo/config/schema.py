@@ -156,11 +156,17 @@ class OptimConfig:
 @dataclass
 class PrecisionConfig:
     dtype: str = "fp32"
-    """fp32, bf16 or fp16 (fp16 needs CUDA; dynamic loss scaling)."""
+    """fp32, bf16 or fp16 (fp16: dynamic loss scaling, DeepSpeed's; on a CPU where torch computes fp16)."""
+    loss_scale: float = 0.0
+    """fp16: a static loss scale; 0: dynamic. Range: >= 0."""
     initial_scale_power: int = 16
     """fp16: initial loss scale 2**this. Range: in [0, 32]."""
     loss_scale_window: int = 1000
-    """fp16: steps without overflow before the scale grows. Range: positive."""
+    """fp16: steps without overflow before the scale doubles. Range: positive."""
+    hysteresis: int = 2
+    """fp16, ZeRO 1-3: overflows in a row before the scale halves. Range: positive."""
+    min_loss_scale: float = 1.0
+    """fp16: the dynamic scale never falls below this. Range: > 0."""
 
 
 @dataclass

@@ -49,8 +49,9 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
         "optimizer": optimizer_config(cfg),
         "zero_optimization": {"stage": layout.zero_stage},
         "bf16": {"enabled": prec.dtype == "bf16"},
-        "fp16": {"enabled": prec.dtype == "fp16", "loss_scale": 0,
-                 "initial_scale_power": prec.initial_scale_power, "loss_scale_window": prec.loss_scale_window},
+        "fp16": {"enabled": prec.dtype == "fp16", "loss_scale": prec.loss_scale,
+                 "initial_scale_power": prec.initial_scale_power, "loss_scale_window": prec.loss_scale_window,
+                 "hysteresis": prec.hysteresis, "min_loss_scale": prec.min_loss_scale},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

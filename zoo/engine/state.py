@@ -218,6 +218,45 @@ def saved_loss_scale(engine) -> Optional[float]:
     return getattr(engine.optimizer, "cur_scale", None)
 
 
+SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+
+
+def _scaler(engine):
+    """The object holding an fp16 engine's loss-scaler state: the ZeRO optimizers' `loss_scaler`,
+    the fp16 optimizers' (ZeRO-0) `loss_scale_config`; None without fp16."""
+    if not engine.fp16_enabled():
+        return None
+    opt = engine.optimizer
+    return getattr(opt, "loss_scaler", None) or getattr(opt, "loss_scale_config", None)
+
+
+def scaler_state(engine) -> Optional[dict]:
+    """The dynamic loss scaler's whole state between steps: the scale, the iteration count,
+    the last overflow's iteration and the hysteresis left (ZeRO's scaler only); None without fp16."""
+    scaler = _scaler(engine)
+    if scaler is None:
+        return None
+    return {f: getattr(scaler, f) for f in SCALER_FIELDS if getattr(scaler, f, None) is not None}
+
+
+def set_scaler_state(engine, state: dict) -> None:
+    """Restore scaler_state's fields this engine's scaler has (a ZeRO-0 fp16 optimizer keeps
+    no hysteresis: a checkpoint's is dropped there, and one without it leaves the configured)."""
+    scaler = _scaler(engine)
+    for field, value in state.items():
+        if scaler is not None and field in SCALER_FIELDS and hasattr(scaler, field):
+            setattr(scaler, field, value)
+
+
+def skipped_steps(engine) -> int:
+    """Optimizer steps the engine skipped (fp16: a gradient overflowed)."""
+    return int(getattr(engine, "skipped_steps", 0))
+
+
+def set_skipped_steps(engine, count: int) -> None:
+    engine.skipped_steps = count
+
+
 def keep_fp32_grad_norm(engine) -> None:
     """DeepSpeed computes the gradient norm when it clips fp32 gradients without ZeRO, but
     keeps it only on its other paths: the same call, its result kept for get_global_grad_norm."""

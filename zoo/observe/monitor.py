@@ -1,7 +1,8 @@
 """The live monitor: every `trainer.log_every` steps, what the run achieves and where its
 time goes, and a one-line diagnosis when a reading crosses a threshold.
 
-Readings (metrics.jsonl keys): loss, lr, grad_norm, loss_scale (fp16), tokens_per_s,
+Readings (metrics.jsonl keys): loss, lr, grad_norm, loss_scale, skipped_steps and
+skipped_share (fp16: steps skipped on a gradient overflow so far, and their share), tokens_per_s,
 samples_per_s, step_time_s, mfu, peak_mem_bytes, peak_mem_share, gpu_util (CUDA with NVML),
 comm_share, data_wait_share, padding_efficiency, diagnosis.
 
@@ -46,6 +47,12 @@ THRESHOLDS = [
     ("peak_mem_share", 0.80, True, "peak memory {v:.0%} of the device > 80%: use a smaller trainer.micro_batch_size "
                                    "(more accumulation), model.activation_checkpointing=true or a higher "
                                    "parallel.zero_stage"),
+    ("skipped_share", 0.05, True, "{v:.0%} of the steps so far were skipped on an fp16 gradient overflow > 5%: the "
+                                  "loss scale keeps hitting fp16's range; use precision=bf16, a lower optim.lr or "
+                                  "gradient clipping (optim.grad_clip)"),
+    ("loss_scale", 2.0, False, "the fp16 loss scale collapsed to {v:g}: gradients overflow fp16 even barely "
+                               "scaled (the run is diverging or fp16 cannot hold its values); use precision=bf16, "
+                               "a lower optim.lr or gradient clipping (optim.grad_clip)"),
     ("data_wait_share", 0.05, True, "waiting for data {v:.0%} of step time > 5%: the loader is too slow; raise "
                                     "data.num_workers, pre-tokenize the data (`python -m data_pipelines.prepare`, "
                                     "data=prepared), use pinned memory (on with CUDA)"),
@@ -104,12 +111,12 @@ class GpuUtilization:
 
 
 # -- the monitor ----------------------------------------------------------------------------------
-def diagnose(record: dict) -> Dict[str, str]:
+def diagnose(record: dict, ignore: frozenset = frozenset()) -> Dict[str, str]:
     """{reading: the line saying what is likely wrong and what to try} for each reading of
-    `record` over (or, for utilization, under) its threshold."""
+    `record` (but those in `ignore`) over (or, for utilization, under) its threshold."""
     out = {}
     for key, limit, above, text in THRESHOLDS:
-        value = record.get(key)
+        value = None if key in ignore else record.get(key)
         if value is not None and (value > limit if above else value < limit):
             out[key] = text.format(v=value)
     return out
@@ -124,10 +131,11 @@ class Diagnoses:
 
     CHANGE = 1.5
 
-    def __init__(self):
+    def __init__(self, ignore: frozenset = frozenset()):
         self.windows = 0
         self.said: Dict[str, float] = {}
         self.mfu_said = False
+        self.ignore = ignore  # readings that diagnose nothing in this run (a static loss scale)
 
     def new(self, record: dict, peak_source: str = "") -> List[str]:
         lines = []
@@ -138,7 +146,7 @@ class Diagnoses:
                 lines.append(f"MFU reads {record['mfu_impossible']:.0%}, above the device's peak "
                              f"({peak_source or 'unknown'}): the peak is wrong for this device, so MFU is left "
                              f"out of this run's readings")
-        found = diagnose(record) if self.windows else {}
+        found = diagnose(record, self.ignore) if self.windows else {}
         self.windows += 1
         if found:
             record["diagnosis"] = list(found.values())
@@ -171,7 +179,8 @@ class Monitor:
         self.comm = CommTimer(device)
         self.comm.install()
         self.gpu = GpuUtilization(device)
-        self.diagnoses = Diagnoses()
+        self.fp16 = cfg.precision.dtype == "fp16"
+        self.diagnoses = Diagnoses(ignore=frozenset({"loss_scale"}) if cfg.precision.loss_scale else frozenset())
         self.totals = {"wall": 0.0, "comm": 0.0, "data_wait": 0.0, "peak_mem_share": 0.0}
         self.start_window()
 
@@ -225,6 +234,9 @@ class Monitor:
         record = {
             "step": step, "loss": loss, "lr": self.engine.get_lr()[0], "grad_norm": self.engine.get_global_grad_norm(),
             "loss_scale": engine_state.loss_scale(self.engine),
+            # fp16: the optimizer steps skipped on overflow so far, and their share of the steps
+            **({"skipped_steps": engine_state.skipped_steps(self.engine),
+                "skipped_share": engine_state.skipped_steps(self.engine) / max(step, 1)} if self.fp16 else {}),
             "tokens_per_s": self.tokens_per_step / step_time, "samples_per_s": self.samples_per_step / step_time,
             "step_time_s": step_time, "mfu": self.mfu(step_time),
             "peak_mem_bytes": int(ranks[:, 2].max()), "peak_mem_share": float(ranks[:, 2].max()) / self.device_memory,

@@ -120,11 +120,17 @@ def trimmed_diagram(text: str, max_items: int) -> str:
     return "\n".join(kept) + "\n"
 
 
+DTYPE_NOTES = {"bf16": " (2-byte weights, gradients and activations; fp32 master and moments)",
+               "fp16": " (as bf16: 2-byte weights, gradients and activations; fp32 master and moments; the loss "
+                       "scaler's state is a few numbers)"}
+
+
 def render_text(p: Plan) -> str:
     c, d = p.cluster, p.desc
     world = c.nodes * c.gpus_per_node
     out = [f"model {d.name}: {d.num_params / 1e9:.3f}B parameters, {d.n_layer} layers, hidden {d.hidden_size}, "
-           f"context {d.tokens_per_sample}; {p.dtype}, global batch {p.global_batch_size}",
+           f"context {d.tokens_per_sample}; {p.dtype}{DTYPE_NOTES.get(p.dtype, '')}, global batch "
+           f"{p.global_batch_size}",
            f"cluster {c.name}: {c.nodes} node(s) x {c.gpus_per_node} GPUs = {world}, {c.gpu_mem_gb:g} GB each "
            f"({p.plan.mem_fraction:.0%} usable: {p.usable_bytes / GB:.1f} GB), {c.peak_tflops:g} TFLOP/s peak at "
            f"{c.mfu:.0%} MFU, NVLink {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per node",

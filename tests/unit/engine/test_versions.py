@@ -103,5 +103,21 @@ engine = build(0, pipe)
 assert hasattr(engine, "pipeline_enable_backward_allreduce")
 assert ds_comm.cdb is not None and hasattr(ds_comm.cdb, "all_gather_function")
 assert hasattr(ds_comm.cdb, "reduce_scatter_function") and "__compatible_ops__" in vars(deepspeed.ops)
+from zoo.engine import half
+assert half.enable_on_cpu()  # fp16 engines: where their loss scalers keep their state
+def build_fp16(stage):
+    config = {"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+              "zero_optimization": {"stage": stage}, "fp16": {"enabled": True, "initial_scale_power": 8}}
+    model = tiny_net()
+    return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)[0]
+for stage, fields in ((0, ("cur_scale", "cur_iter", "last_overflow_iter")),
+                      (1, ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"))):
+    engine = build_fp16(stage)
+    holder = engine.optimizer.loss_scaler if stage else engine.optimizer.loss_scale_config
+    assert all(hasattr(holder, f) for f in fields), (stage, fields)
+    engine.backward(engine(X.half()).float().square().mean())
+    engine.step()
+    assert state.scaler_state(engine)["cur_iter"] == 1 and state.loss_scale(engine) == 256, state.scaler_state(engine)
+    assert hasattr(engine, "skipped_steps")
 print("ok")
 """)
