@@ -212,6 +212,10 @@ def _check_scaler(cfg: Config, layout: Layout, cuda_available: bool) -> None:
 
         _require(cpu_computes_fp16(), "precision=fp16: torch does not compute float16 on this CPU (the probe's "
                                       "fp16 matmul failed or overflowed wrongly); use precision=bf16 or fp32")
+    if prec.dtype == "fp16" and layout.pp > 1 and layout.zero_stage == 0:
+        raise ConfigError(f"precision=fp16 with parallel.pp={layout.pp} at parallel.zero_stage=0: DeepSpeed's pipeline "
+                          f"engine does not scale the loss for its ZeRO-0 fp16 optimizer (gradients would reach it "
+                          f"2**{prec.initial_scale_power} too small); set parallel.zero_stage=1, as the pp presets do")
     defaults = PrecisionConfig()
     changed = [k for k in SCALER_KEYS if getattr(prec, k) != getattr(defaults, k)]
     if prec.dtype != "fp16" and changed:

@@ -92,6 +92,8 @@ def check(cfg: Config, world=None, cuda=False):
                                                    r".*use parallel.zero_stage=1 or more"),
     (["precision=fp16", "precision.min_loss_scale=512", "precision.initial_scale_power=8"],
      r"precision.min_loss_scale=512 is above the first loss scale 2\*\*precision.initial_scale_power=256"),
+    (["precision=fp16", "parallel=pp", "parallel.zero_stage=0"], r"precision=fp16 with parallel.pp=2 at "
+                                                                  r"parallel.zero_stage=0: .*set parallel.zero_stage=1"),
     (["precision=fp16", "precision.loss_scale=-1"], r"precision.loss_scale=-1.0 must be >= 0 \(0: dynamic"),
     (["precision=fp16", "precision.initial_scale_power=40"], r"precision.initial_scale_power=40 must be in \[0, 32\]"),
     (["precision=fp16", "precision.loss_scale_window=0"], r"precision.loss_scale_window=0 must be positive"),

@@ -166,7 +166,7 @@ class PrecisionConfig:
     hysteresis: int = 2
     """fp16, ZeRO 1-3: overflows in a row before the scale halves. Range: positive."""
     min_loss_scale: float = 1.0
-    """fp16: the dynamic scale never falls below this. Range: > 0."""
+    """fp16: the dynamic scale never falls below this. Range: positive."""
 
 
 @dataclass

@@ -46,3 +46,57 @@ def enable_on_cpu() -> bool:
         accelerator.is_fp16_supported = lambda: True
         accelerator.supported_dtypes = lambda: [torch.float, torch.bfloat16, torch.float16]
     return True
+
+
+def undo_unfused_init_step(engine) -> bool:
+    """DeepSpeed's fp16 optimizer for an unfused torch optimizer (ZeRO-0 with zoo's AdamW or
+    SGD; on a GPU too) takes one real optimizer step with zero gradients when it is built
+    (`initialize_optimizer_states`): AdamW's decoupled weight decay shrinks every fp32 master
+    weight once and its step count starts at 1, so every later bias correction is one step
+    off (the first real update ~0.7x the learning rate; measured: the tiny GPT's loss 4.4%
+    above fp32's after 20 steps). Undone here: each fp32 master is restored from its fp16
+    parameter (of which it was a copy) and the optimizer's state is cleared, so the first real
+    step is the optimizer's first. True where it undid it."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    opt = engine.optimizer
+    if not isinstance(opt, FP16_UnfusedOptimizer):
+        return False
+    with torch.no_grad():
+        for masters, halves in zip(opt.fp32_groups, opt.fp16_groups):
+            for master, half_param in zip(masters, halves):
+                master.copy_(half_param.float())
+                opt.optimizer.state.pop(master, None)
+    return True
+
+
+def scale_zero0_loss(engine) -> bool:
+    """DeepSpeed 0.19.8's `engine.backward` scales the loss only for its ZeRO optimizers
+    (`scale_if_loss`) and torch autocast's GradScaler; its ZeRO-0 fp16 optimizers
+    (FP16_UnfusedOptimizer, FP16_Optimizer) still divide the gradients by the loss scale at
+    their step and read the gradient norm as a scaled one. Left so, the gradients reach the
+    optimizer 2**initial_scale_power too small (AdamW's eps then damps the updates), clipping
+    never fires, and small gradients underflow unscaled. Here the loss is scaled by the
+    optimizer's current scale before that backward, as those optimizers' own `backward` does;
+    the scale the gradients carry is kept for grad_norm. The pipeline engine calls the
+    class's backward itself: validation refuses fp16 with pp at ZeRO-0. True where scaled."""
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    opt = engine.optimizer
+    if not isinstance(opt, (FP16_UnfusedOptimizer, FP16_Optimizer)):
+        return False
+    original = engine.backward
+
+    def backward(loss, *args, **kwargs):
+        opt.zoo_gradient_scale = float(opt.loss_scale)
+        return original(loss.float() * opt.zoo_gradient_scale, *args, **kwargs)
+
+    engine.backward = backward
+    return True
+
+
+def unscaled_grad_norm(engine, norm):
+    """The gradient norm DeepSpeed keeps, unscaled where it is a scaled one (scale_zero0_loss)."""
+    scale = getattr(engine.optimizer, "zoo_gradient_scale", None)
+    return norm / scale if norm is not None and scale else norm

@@ -43,6 +43,11 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
                                            lr_scheduler=lr_scheduler(cfg),
                                            mpu=None if isinstance(model, PipelineModule) else grid)
     skip_single_replica_allreduce(engine, layout.dp)
+    if engine.fp16_enabled():  # DeepSpeed's ZeRO-0 fp16 optimizer, as its own docs say it works
+        from zoo.engine.half import scale_zero0_loss, undo_unfused_init_step
+
+        undo_unfused_init_step(engine)
+        scale_zero0_loss(engine)
     return engine
 
 

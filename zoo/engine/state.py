@@ -257,6 +257,13 @@ def set_skipped_steps(engine, count: int) -> None:
     engine.skipped_steps = count
 
 
+def grad_norm(engine) -> Optional[float]:
+    """The last step's global gradient norm (unscaled also where DeepSpeed keeps a scaled one)."""
+    from zoo.engine.half import unscaled_grad_norm
+
+    return unscaled_grad_norm(engine, engine.get_global_grad_norm())
+
+
 def keep_fp32_grad_norm(engine) -> None:
     """DeepSpeed computes the gradient norm when it clips fp32 gradients without ZeRO, but
     keeps it only on its other paths: the same call, its result kept for get_global_grad_norm."""

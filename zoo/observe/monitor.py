@@ -232,7 +232,7 @@ class Monitor:
         step_time = window / steps
         utils = ranks[:, 3][~torch.isnan(ranks[:, 3])]
         record = {
-            "step": step, "loss": loss, "lr": self.engine.get_lr()[0], "grad_norm": self.engine.get_global_grad_norm(),
+            "step": step, "loss": loss, "lr": self.engine.get_lr()[0], "grad_norm": engine_state.grad_norm(self.engine),
             "loss_scale": engine_state.loss_scale(self.engine),
             # fp16: the optimizer steps skipped on overflow so far, and their share of the steps
             **({"skipped_steps": engine_state.skipped_steps(self.engine),
