@@ -17,6 +17,8 @@ import json
 import numpy as np
 import pytest
 
+from tests.e2e.curves import assert_follows_fp32
+
 pytestmark = pytest.mark.e2e
 
 COMMON = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
@@ -103,13 +105,4 @@ def test_fp16_follows_fp32(run_zoo, family, layout):
                            *(["precision.initial_scale_power=8"] if dtype == "fp16" else []))
             for dtype in ("fp32", "fp16")}
     assert runs["fp16"].summary["skipped_steps"] == 0, runs["fp16"].summary
-    fp32, fp16 = (np.array(runs[d].losses(), dtype=np.float64) for d in ("fp32", "fp16"))
-    assert len(fp32) == len(fp16) == 20 and np.isfinite(fp16).all()
-    assert not np.array_equal(fp32, fp16), "the fp16 run computed exactly what fp32 did: it ran in fp32"
-    first = abs(fp16[0] - fp32[0]) / fp32[0]
-    last = np.abs(fp16[-5:] - fp32[-5:]).mean() / fp32[-5:].mean()
-    progress = (fp16[0] - fp16[-5:].mean()) / (fp32[0] - fp32[-5:].mean())
-    print(f"{family}-{layout}: step 1 {first:.3%}, steps 16-20 {last:.3%}, progress {progress:.3f}")
-    assert first < 0.005, (first, fp32[:3], fp16[:3])
-    assert last < 0.02, (last, fp32[-5:], fp16[-5:])
-    assert progress > 0.9, (progress, fp32, fp16)
+    assert_follows_fp32(runs["fp32"], runs["fp16"], f"{family}-{layout}")

@@ -20,8 +20,9 @@ pp and 3d, 0.17% for the CNN under pp; progress 0.97-1.01.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
+
+from tests.e2e.curves import assert_follows_fp32
 
 pytestmark = pytest.mark.e2e
 
@@ -32,22 +33,9 @@ LAYOUTS = {"ddp": ["parallel=ddp"], "tp": ["parallel=tp"], "pp": ["parallel=pp"]
 CASES = [(family, layout) for family in ("gpt", "llama", "bert") for layout in LAYOUTS] + [("cnn", "ddp"), ("cnn", "pp")]
 
 
-def _losses(run) -> np.ndarray:
-    return np.array(run.losses(), dtype=np.float64)
-
-
 @pytest.mark.parametrize("family, layout", CASES, ids=[f"{f}-{p}" for f, p in CASES])
 def test_bf16_follows_fp32(run_zoo, family, layout):
     runs = {dtype: run_zoo(f"model={family}", *LAYOUTS[layout], *STEPS, f"precision={dtype}")
             for dtype in ("fp32", "bf16")}
     assert runs["bf16"].summary["dtype"] == "bf16", runs["bf16"].summary
-    fp32, bf16 = _losses(runs["fp32"]), _losses(runs["bf16"])
-    assert len(fp32) == len(bf16) == 20 and np.isfinite(bf16).all()
-    assert not np.array_equal(fp32, bf16), "the bf16 run computed exactly what fp32 did: it ran in fp32"
-    first = abs(bf16[0] - fp32[0]) / fp32[0]
-    last = np.abs(bf16[-5:] - fp32[-5:]).mean() / fp32[-5:].mean()
-    progress = (bf16[0] - bf16[-5:].mean()) / (fp32[0] - fp32[-5:].mean())
-    print(f"{family}-{layout}: step 1 {first:.2%}, steps 16-20 {last:.2%}, progress {progress:.2f}")
-    assert first < 0.005, (first, fp32[:3], bf16[:3])
-    assert last < 0.02, (last, fp32[-5:], bf16[-5:])
-    assert progress > 0.9, (progress, fp32, bf16)
+    assert_follows_fp32(runs["fp32"], runs["bf16"], f"{family}-{layout}")
