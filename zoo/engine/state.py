@@ -115,6 +115,18 @@ def set_optimizer_step(engine, step: int) -> None:
             s["step"] = torch.full_like(s["step"], step) if torch.is_tensor(s["step"]) else step
 
 
+def _fp16_master(engine, p: nn.Parameter) -> Optional[torch.Tensor]:
+    """The fp32 master of `p` where DeepSpeed's ZeRO-0 fp16 optimizer keeps one per parameter
+    (its optimizer state is keyed by that master); None elsewhere."""
+    masters = getattr(engine, "_zoo_fp16_masters", None)
+    if masters is None:
+        opt = engine.optimizer
+        pairs = zip(opt.fp16_groups, opt.fp32_groups) if hasattr(opt, "fp32_groups") and engine.fp16_enabled() else ()
+        masters = {id(half): master for halves, fp32s in pairs for half, master in zip(halves, fp32s)}
+        engine._zoo_fp16_masters = masters
+    return masters.get(id(p))
+
+
 # -- a parameter's full values --------------------------------------------------------------
 @torch.no_grad()
 def set_values(engine, p: nn.Parameter, weight: torch.Tensor, moments: dict, step: int) -> None:
@@ -131,9 +143,12 @@ def set_values(engine, p: nn.Parameter, weight: torch.Tensor, moments: dict, ste
             p.data.copy_(weight.to(p.dtype))
         return
     p.data.copy_(weight.to(p.dtype))
+    master = _fp16_master(engine, p)
+    if master is not None:
+        master.data.copy_(weight)
     base = base_optimizer(engine)
     own_step = {} if isinstance(base, torch.optim.SGD) else {"step": torch.tensor(float(step))}
-    base.state[p] = {**own_step, **moments}
+    base.state[p if master is None else master] = {**own_step, **moments}
 
 
 # -- this rank's share, in place ---------------------------------------------------------
@@ -164,7 +179,8 @@ def fp32_held(engine, p: nn.Parameter) -> torch.Tensor:
         return safe_get_local_fp32_param(p).reshape(-1).narrow(0, 0, numel)
     if has_fp32_fragment(p):
         return p._hp_mapping.get_hp_fragment() if p._hp_mapping is not None else torch.empty(0)
-    return p.data.view(-1)
+    master = _fp16_master(engine, p)
+    return (p if master is None else master).data.view(-1)
 
 
 def optimizer_held(engine, p: nn.Parameter, key: str, step: int = 0) -> torch.Tensor:
@@ -178,7 +194,8 @@ def optimizer_held(engine, p: nn.Parameter, key: str, step: int = 0) -> torch.Te
     if has_fp32_fragment(p):
         return p._hp_mapping.get_optim_state_fragment(key) if p._hp_mapping is not None else torch.empty(0)
     base = base_optimizer(engine)
-    state = base.state[p]
+    master = _fp16_master(engine, p)
+    state = base.state[p if master is None else master]
     if not isinstance(base, torch.optim.SGD) and "step" not in state:
         state["step"] = torch.tensor(float(step))
     if state.get(key) is None:
