@@ -169,19 +169,14 @@ class ShardWrite:
                 values = values[tuple(slice(o, o + s) for o, s in zip(*within))]
             yield values if values.dtype == dtype else values.to(dtype)
 
-    def staged_bytes(self) -> int:
-        """The host memory staging needs."""
-        return sum(math.prod(p[2][1]) * torch.empty((), dtype=p[3]).element_size() for p in self.pieces)
-
     def allocate(self, buffer: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The host buffer to stage in: `buffer` (uint8, at least staged_bytes; one kept from the
-        last save spares the allocation and its page faults), else a new one (pinned on CUDA)."""
-        need = self.staged_bytes()
-        if buffer is None or buffer.numel() < need:
-            buffer = torch.empty(need, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        """The host buffer to stage in: `buffer` (uint8, at least the pieces' bytes; one kept from
+        the last save spares the allocation and its page faults), else a new one (pinned on CUDA)."""
+        sizes = [math.prod(box[1]) * dtype.itemsize for _, _, box, dtype, *_ in self.pieces]
+        if buffer is None or buffer.numel() < sum(sizes):
+            buffer = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         views, offset = [], 0
-        for _, _, box, dtype, *_ in self.pieces:
-            nbytes = math.prod(box[1]) * torch.empty((), dtype=dtype).element_size()
+        for (_, _, box, dtype, *_), nbytes in zip(self.pieces, sizes):
             views.append(buffer.narrow(0, offset, nbytes).view(dtype).view(box[1]))
             offset += nbytes
         self.buffer, self.views = buffer, views
