@@ -178,7 +178,8 @@ def test_a_full_disk_during_an_async_write_stops_the_run_at_the_next_step(run_zo
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     latest = run_dir / "checkpoints" / "latest"
     deadline = time.time() + 300
-    while time.time() < deadline and not (latest.exists() and (run_dir / "checkpoints" / ".step_0000004.tmp" / "state.json").exists()):
+    writing = run_dir / "checkpoints" / ".step_0000004.tmp"  # made by the save; its shards are written 2 s later
+    while time.time() < deadline and not (latest.exists() and writing.is_dir()) and proc.poll() is None:
         time.sleep(0.05)
     filler = disk / "filler"
     with open(filler, "wb") as fh:  # every byte left
