@@ -35,7 +35,34 @@ def test_runs_are_labelled_by_what_differs():
     c = Run("2026-12-01_10-10-00", {**cfg, "optim.lr": 0.002}, a.summary, [])
     assert labels([a, c]) == ["lr=0.001", "lr=0.002"]
     assert labels([a, Run("other", cfg, {}, [])]) == ["2026-12-01_10-00-00", "other"]  # nothing differs
-    assert "tp2-pp1-dp1_zero1" in table([a, b]).splitlines()[1]
+    assert table([a, b]).splitlines()[0].split() == ["tp1-pp1-dp2_zero1", "tp2-pp1-dp1_zero1"]  # the heads
+    assert table([a, b], ["base", "tp"]).splitlines()[0].split() == ["base", "tp"]
+
+
+def test_same_named_runs_are_told_apart_by_their_shortest_differing_path_ends():
+    from zoo.observe.compare import short_names
+
+    assert short_names(["/x/exp/a/run", "/x/exp/b/run"]) == ["a/run", "b/run"]
+    assert short_names(["/x/a/2026/run", "/x/b/2026/run"]) == ["a/2026/run", "b/2026/run"]
+
+
+def test_the_legend_covers_no_curve_and_no_axis_label():
+    """#33 item 9: four long-labelled runs with evaluations; the legend lies outside both panels
+    (their axes and their tick and axis labels)."""
+    from zoo.observe.compare import figure
+
+    history = [{"step": s, "loss": 5.0 - s / 10, "tokens_per_s": 1000.0 + s, **({"eval_loss": 5.1 - s / 10}
+                                                                              if s % 5 == 0 else {})} for s in range(1, 21)]
+    runs = [Run(f"run{i}", {"optim.lr": i, "parallel.tp": i}, {"tp": i, "pp": 1, "dp": 1, "zero_stage": 1}, history)
+            for i in range(1, 5)]
+    fig = figure(runs)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert len(fig.legends[0].get_texts()) == 8  # 4 runs and their evaluations, once
+    for ax in fig.axes:
+        assert not legend.overlaps(ax.get_tightbbox(renderer)), (legend, ax.get_tightbbox(renderer))
+    assert legend.y0 >= 0 and legend.x0 >= 0 and legend.x1 <= fig.bbox.width  # inside the picture
 
 
 def test_compare_two_real_runs(run_zoo, tmp_path):
@@ -53,7 +80,8 @@ def test_compare_two_real_runs(run_zoo, tmp_path):
     assert results["final loss"] == [f"{a.summary['final_loss']:.4f}", f"{b.summary['final_loss']:.4f}"]
     assert {"tokens/s", "MFU", "peak memory GiB", "data wait share"} <= results.keys()
     assert "communication share" not in results  # one rank: nothing to communicate with
-    assert lines[1].split()[1:] == ["lr=0.001", "micro_batch_size=2", "lr=0.002", "micro_batch_size=4"]
+    assert lines[0].split() == ["lr=0.001", "micro_batch_size=2", "lr=0.002", "micro_batch_size=4"]
+    assert lines[1].split() == ["run", a.run_dir.name, b.run_dir.name]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
 
@@ -64,3 +92,5 @@ def test_compare_two_real_runs(run_zoo, tmp_path):
 def test_not_a_run_dir_is_one_line_and_exit_2(tmp_path):
     out = compare(str(tmp_path))
     assert out.returncode == 2 and "is not a run directory" in out.stderr and "Traceback" not in out.stderr
+    out = compare(str(tmp_path), str(tmp_path), "--labels", "only-one")
+    assert out.returncode == 2 and "--labels=only-one names 1 run(s) but 2 are compared" in out.stderr

@@ -1,11 +1,13 @@
 """Compare runs side by side.
 
-    python -m zoo.compare RUN_DIR... [--plot FILE.png]
+    python -m zoo.compare RUN_DIR... [--plot FILE.png] [--labels A,B,...]
     python -m zoo.compare outputs/gpt-tiny/* --plot runs.png
 
-One table with a column per run: the config keys that differ between the runs (from each
-run's config.yaml), then what the runs achieved (summary.json): final and held-out loss,
-throughput, MFU, peak memory, the shares of communication and data wait, wall time.
+One table with a column per run, headed by what tells the runs apart (the layout, the other
+differing keys; `--labels` names them), then the run directories (the shortest path ends
+that differ), the config keys that differ between the runs (from each run's config.yaml),
+and what the runs achieved (summary.json): final and held-out loss, throughput, MFU, peak
+memory, the shares of communication and data wait, wall time.
 `--plot` draws the loss curves and the throughput of every run (metrics.jsonl) in one PNG.
 An argument that is not a directory but a wandb run path (ENTITY/PROJECT/RUN_ID) is read
 through wandb's API, which needs the network and credentials.
@@ -133,8 +135,19 @@ def _cell(value: Any, fmt: Optional[str]) -> str:
         return str(value)
 
 
-def table(runs: List[Run]) -> str:
-    """The side-by-side table (plain text, one column per run)."""
+def short_names(paths: List[str]) -> List[str]:
+    """The shortest path ends that tell the paths apart (`a/run`, `b/run`), not whole paths."""
+    parts = [Path(p).resolve().parts if Path(p).exists() else Path(p).parts for p in paths]
+    for k in range(1, max(map(len, parts)) + 1):
+        names = ["/".join(p[-k:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return list(paths)
+
+
+def table(runs: List[Run], heads: Optional[List[str]] = None) -> str:
+    """The side-by-side table (plain text, one column per run, headed by `heads` or `labels`)."""
+    heads = heads or labels(runs)
     rows = [("config (differing keys)", None)]
     rows += [(k, [str(r.config.get(k, "<unset>")) for r in runs]) for k in differing_keys(runs)] or [
         ("(none: the runs share one config)", ["" for _ in runs])]
@@ -142,11 +155,10 @@ def table(runs: List[Run]) -> str:
     for key, label, fmt in RESULTS:
         if any(key in r.summary for r in runs):
             rows.append((label, [_cell(r.summary.get(key), fmt) for r in runs]))
-    names = [r.name for r in runs]
-    rows.insert(0, ("run", labels(runs)))
+    rows.insert(0, ("run", [r.name for r in runs]))
     width0 = max(len(label) for label, _ in rows)
-    widths = [max([len(n)] + [len(cells[i]) for _, cells in rows if cells]) for i, n in enumerate(names)]
-    lines = ["  ".join([" " * width0] + [n.rjust(w) for n, w in zip(names, widths)])]
+    widths = [max([len(h)] + [len(cells[i]) for _, cells in rows if cells]) for i, h in enumerate(heads)]
+    lines = ["  ".join([" " * width0] + [h.rjust(w) for h, w in zip(heads, widths)])]
     for label, cells in rows:
         if cells is None:
             lines.append(f"-- {label} --")
@@ -155,15 +167,25 @@ def table(runs: List[Run]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: List[Run], path: Path) -> None:
+def plot(runs: List[Run], path: Path, heads: Optional[List[str]] = None) -> None:
     """Loss and tokens/s against the step, one line per run, in one PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, heads)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(runs: List[Run], heads: Optional[List[str]] = None):
+    """The plot's figure: one legend for both panels, below them, where it covers no curve and
+    no axis label."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r, label in zip(runs, labels(runs)):
+    for r, label in zip(runs, heads or labels(runs)):
         train = [m for m in r.history if "loss" in m]
         steps = [m["step"] for m in train]
         line, = loss_ax.plot(steps, [float(m["loss"]) for m in train], marker=".", label=label)
@@ -171,33 +193,45 @@ def plot(runs: List[Run], path: Path) -> None:
         if evals:  # periodic evaluation: dashed, in the run's colour
             loss_ax.plot([m["step"] for m in evals], [float(m["eval_loss"]) for m in evals], linestyle="--",
                          marker="x", color=line.get_color(), label=f"{label} (eval)")
-        speed_ax.plot(steps, [m.get("tokens_per_s", float("nan")) for m in train], marker=".", label=label)
-    loss_ax.set(xlabel="step", ylabel="loss", title="loss (dashed: held-out)")
+        speed_ax.plot(steps, [m.get("tokens_per_s", float("nan")) for m in train], marker=".", color=line.get_color())
+    loss_ax.set(xlabel="step", ylabel="loss", title="loss (dashed: held-out, x)")
     speed_ax.set(xlabel="step", ylabel="tokens/s", title="throughput")
     for ax in (loss_ax, speed_ax):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    handles, names = loss_ax.get_legend_handles_labels()
+    columns = min(len(names), 4)
+    rows = -(-len(names) // columns) if names else 0
+    legend_height = (0.15 + 0.2 * rows) / 4.5  # inches of the 4.5-inch figure, as a fraction
+    if names:
+        fig.legend(handles, names, loc="lower center", ncol=columns, fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, legend_height, 1, 1))
+    return fig
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m zoo.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories (or wandb run paths ENTITY/PROJECT/RUN_ID)")
     parser.add_argument("--plot", type=Path, help="write loss curves and throughput to this PNG")
+    parser.add_argument("--labels", help="comma-separated names for the runs, in their order (default: what differs)")
     args = parser.parse_args(argv)
+    heads = None
+    if args.labels is not None:
+        heads = [h.strip() for h in args.labels.split(",")]
+        if len(heads) != len(args.runs) or not all(heads):
+            print(f"zoo.compare: error: --labels={args.labels} names {len(heads)} run(s) but {len(args.runs)} are "
+                  f"compared; give one non-empty label per run, comma-separated, in their order", file=sys.stderr)
+            raise SystemExit(2)
     try:
         runs = [load(a) for a in args.runs]
     except ValueError as err:
         print(f"zoo.compare: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    if len({r.name for r in runs}) < len(runs):  # e.g. .../a/run and .../b/run
-        for r, a in zip(runs, args.runs):
-            r.name = a
-    print(table(runs))
+    if len({r.name for r in runs}) < len(runs):  # e.g. .../a/run and .../b/run: a/run and b/run
+        for r, name in zip(runs, short_names(args.runs)):
+            r.name = name
+    print(table(runs, heads))
     if args.plot:
-        plot(runs, args.plot)
+        plot(runs, args.plot, heads)
         print(f"plot: {args.plot}")
 
 
