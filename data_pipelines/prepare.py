@@ -23,6 +23,7 @@ from typing import Iterator, List
 
 import numpy as np
 
+from data_pipelines.lm import held_out
 from data_pipelines.text_sources import TEXT_SUFFIXES, DataError, expand_paths, read_source
 
 
@@ -55,8 +56,29 @@ def stream_texts(name: str, path: str | None, column: str, counts: dict) -> Iter
             yield text
 
 
+class Progress:
+    """Documents, tokens and text read so far, and the rate, every `every_s` seconds (stderr)."""
+
+    def __init__(self, every_s: float = 2.0, stream=None):
+        import time
+
+        self.clock, self.every_s, self.stream = time.monotonic, every_s, stream or sys.stderr
+        self.start = self.last = self.clock()
+        self.docs = self.tokens = self.bytes = 0
+
+    def add(self, docs: int, tokens: int, text_bytes: int, *, final: bool = False) -> None:
+        self.docs, self.tokens, self.bytes = self.docs + docs, self.tokens + tokens, self.bytes + text_bytes
+        now = self.clock()
+        if final or now - self.last >= self.every_s:
+            self.last = now
+            took = max(now - self.start, 1e-9)
+            print(f"prepare: {self.docs:,} documents, {self.tokens:,} tokens, {self.bytes / 1e6:,.1f} MB of text in "
+                  f"{took:.1f} s ({self.bytes / 1e6 / took:.1f} MB/s, {self.tokens / took:,.0f} tokens/s)",
+                  file=self.stream, flush=True)
+
+
 def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_column: str = "text",
-            batch_docs: int = 1000) -> dict:
+            batch_docs: int = 1000, progress: Progress | None = None) -> dict:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
@@ -80,6 +102,8 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
             fh.write(arr.astype(dtype).tobytes())
             n_tokens += len(arr)
             n_docs += len(batch)
+            if progress is not None:
+                progress.add(len(batch), len(arr), sum(len(t.encode("utf-8", "replace")) for t in batch))
             batch.clear()
 
         for text in stream_texts(name, path, text_column, counts):
@@ -88,6 +112,8 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
                 flush()
         if batch:
             flush()
+    if progress is not None:
+        progress.add(0, 0, 0, final=True)
     if n_tokens == 0:
         tmp.unlink()
         raise DataError(f"data source {name} {path or ''} holds no text ({counts})")
@@ -119,9 +145,7 @@ class PreparedBlocks:
             blocks = "one block" if eval_directory else "two blocks"
             raise DataError(f"{directory} holds {len(tokens)} tokens: fewer than {blocks} of {width}")
         if eval_directory is None:
-            k = max(2, round(1 / eval_fraction))
-            held = np.zeros(n, dtype=bool)
-            held[k - 1 :: k] = True
+            held = held_out(n, eval_fraction)
             self.train, self.eval = _Rows(rows, np.flatnonzero(~held)), _Rows(rows, np.flatnonzero(held))
         else:
             _, held_tokens, held_n, held_rows = _rows(eval_directory, width)
@@ -155,7 +179,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-docs", type=int, default=1000)
     a = ap.parse_args(argv)
     try:
-        meta = prepare(a.name, a.path, a.tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs)
+        meta = prepare(a.name, a.path, a.tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs,
+                       progress=Progress())
     except DataError as err:
         print(f"data_pipelines.prepare: error: {err}", file=sys.stderr)
         sys.exit(2)

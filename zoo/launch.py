@@ -111,7 +111,12 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
 
     # The agent logs every failed worker's traceback; zoo.train reports the first failure
     # itself, in one place, so the agent is kept quiet.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # Its modules' loggers carry their own level (torch sets LOGLEVEL's, WARNING, on each), so
+    # each is set: "Received 2 death signal" and "Terminating process ... via signal SIGTERM"
+    # after a Ctrl-C are not a user's business either (verbose=true shows them).
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
     threads = threads_per_rank(nproc)
     os.environ["ZOO_LOCAL_WORKER"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(threads)

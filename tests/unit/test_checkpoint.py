@@ -76,8 +76,11 @@ def test_a_shape_field_added_later_matches_its_default_and_nothing_else(tmp_path
 
     old = {"family": "gpt", "shape": {"n_layer": 4, "n_embd": 128}}
     check_compatible(old, {"family": "gpt", "shape": {"n_layer": 4, "n_embd": 128, "vocab_real": None}}, tmp_path)
-    for now in ({"family": "gpt", "shape": {"n_layer": 4, "n_embd": 128, "vocab_real": 50257}},
-                {"family": "gpt", "shape": {"n_layer": 2, "n_embd": 128, "vocab_real": None}},
-                {"family": "llama", "shape": {"n_layer": 4, "n_embd": 128}}):
-        with pytest.raises(CheckpointError, match="resume with the same model settings"):
+    for now, names in (({"family": "gpt", "shape": {"n_layer": 4, "n_embd": 128, "vocab_real": 50257}},
+                        r"another model shape: vocab_real None \(this run: 50257\); resume with the model settings"),
+                       ({"family": "gpt", "shape": {"n_layer": 2, "n_embd": 128, "vocab_real": None}},
+                        r"another model shape: n_layer 4 \(this run: 2\); resume"),  # only the field that differs
+                       ({"family": "llama", "shape": {"n_layer": 4, "n_embd": 128}},
+                        r"written for model.family=gpt but this run builds model.family=llama; resume with model=gpt")):
+        with pytest.raises(CheckpointError, match=names):
             check_compatible(old, now, tmp_path)

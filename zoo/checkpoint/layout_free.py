@@ -216,10 +216,18 @@ def check_compatible(state: dict, meta: dict, path: Path) -> None:
     """Refuse a checkpoint of another model: the family and every shape field must match. A
     field a checkpoint lacks is one added to the shape after it was written, whose default,
     None, is what that checkpoint's model had (e.g. `vocab_real`, no padded vocabulary)."""
-    for key in ("family", "shape"):
-        if not _same(state.get(key), meta.get(key)):
-            raise CheckpointError(f"checkpoint {path} was written for model {key} {state.get(key)} but this run "
-                                  f"builds {meta.get(key)}; resume with the same model settings")
+    if state.get("family") != meta.get("family"):
+        raise CheckpointError(f"checkpoint {path} was written for model.family={state.get('family')} but this run "
+                              f"builds model.family={meta.get('family')}; resume with model={state.get('family')}")
+    written, now = state.get("shape"), meta.get("shape")
+    if not _same(written, now):
+        if isinstance(written, dict) and isinstance(now, dict):  # name only the fields that differ
+            differ = sorted(k for k in written.keys() | now.keys() if written.get(k) != now.get(k))
+            what = ", ".join(f"{k} {written.get(k)} (this run: {now.get(k)})" for k in differ)
+        else:
+            what = f"{written} (this run: {now})"
+        raise CheckpointError(f"checkpoint {path} was written for another model shape: {what}; resume with the "
+                              f"model settings it was written with")
     written, now = state.get("optimizer", "adamw"), meta.get("optimizer", "adamw")  # older checkpoints: AdamW
     if written != now:
         raise CheckpointError(f"checkpoint {path} holds optim={written}'s state but this run uses optim={now}; resume "

@@ -46,6 +46,8 @@ def test_training_on_prepared_data_and_on_a_mixture(tmp_path, run_zoo):
                            "--tokenizer", str(first.run_dir / "tokenizer"), "--out", str(tmp_path / "prep")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    final = proc.stderr.strip().splitlines()[-1]  # the progress, its last line at the end (#33 item 10)
+    assert final.startswith("prepare: 121 documents, ") and " MB of text in " in final and " tokens/s)" in final
     run = run_zoo("debug=fast", "data=prepared", f"data.path={tmp_path / 'prep'}", "trainer.max_steps=3",
                   "model.block_size=64")
     assert run.summary["steps"] == 3 and np.isfinite(run.summary["eval_loss"])
