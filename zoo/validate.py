@@ -45,7 +45,7 @@ def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List
 
 def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     """Check every cross-key rule; returns warnings, raises ConfigError on the first error."""
-    from zoo.families import family
+    from zoo.families import check_size, family
 
     warnings: List[str] = range_warnings(cfg)
     t, p, m = cfg.trainer, cfg.parallel, cfg.model
@@ -54,6 +54,8 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
              f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPES)}")
     _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
     _check_choices(cfg, cuda_available)
+    if not m.init_from:
+        check_size(m.family, m.size)
     _check_data(cfg, spec)
     check_paths(cfg, spec)
     _check_micro_batch(cfg, layout, cuda_available)
@@ -192,6 +194,7 @@ def _check_data(cfg: Config, spec) -> None:
              f"model.init_from={cfg.model.init_from} with data=prepared: a prepared file trains zoo's own "
              f"initialisation only (an import's weights and tokenizer are read on text sources); give the text as "
              f"data=files or data=hub with model.init_from, or drop model.init_from")
+    _check_data_keys(cfg, spec)
     if d.mix:
         _require(spec.mixes_data, f"data.mix mixes text sources for the families that read several "
                                   f"({sorted(n for n, s in FAMILIES.items() if s.mixes_data)}); "
@@ -199,6 +202,41 @@ def _check_data(cfg: Config, spec) -> None:
         for m in d.mix:
             _require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
                      f"data.mix entry {m} needs name: pydoc, files or hub (and path, weight)")
+
+
+def _check_data_keys(cfg: Config, spec) -> None:
+    """A data key the chosen source would ignore is refused, naming the sources that read it."""
+    from pathlib import Path
+
+    from zoo.config.schema import DataConfig
+    from zoo.families.data_keys import CHECKED
+
+    d, defaults, family = cfg.data, DataConfig(), cfg.model.family
+    chosen = "data.mix" if d.mix else f"data={d.name}"
+    for key in CHECKED:
+        value = getattr(d, key)
+        if value == getattr(defaults, key):
+            continue
+        readers = spec.data_keys.get(key, ())
+        if not readers:
+            raise ConfigError(f"data.{key}={value!r} is read by no data source of model.family={family} "
+                              f"(it reads {spec.reads}: {', '.join('data=' + s for s in spec.data_sources)}); "
+                              f"drop data.{key}")
+        if key == "path" and d.mix:
+            raise ConfigError(f"data.path={value!r} is not read with data.mix, whose entries name their own "
+                              f"sources ({{name: files, path: ..., weight: ...}}); put it in data.mix or drop "
+                              f"data.mix")
+        if not d.mix and d.name not in readers:
+            raise ConfigError(f"data.{key}={value!r} is read by {'|'.join('data=' + s for s in readers)}; you "
+                              f"chose {chosen}: choose one of those (e.g. data={readers[0]} data.{key}={value}) "
+                              f"or drop data.{key}")
+    brings = (f"data.tokenizer={d.tokenizer}" if d.tokenizer else
+              f"model.init_from={cfg.model.init_from}'s tokenizer" if cfg.model.init_from
+              and (Path(cfg.model.init_from).expanduser() / "tokenizer.json").exists() else None)
+    if brings and d.vocab_size != defaults.vocab_size and "vocab_size" in spec.data_keys:
+        raise ConfigError(f"data.vocab_size={d.vocab_size} sizes a tokenizer trained on the data, but {brings} "
+                          f"is used with its own vocabulary; drop data.vocab_size (model.vocab_size pads the "
+                          f"model's vocabulary)")
 
 
 SCALER_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")

@@ -114,6 +114,21 @@ def check(cfg: Config, world=None, cuda=False):
     (["model=cnn", "parallel.pp=4", "parallel.zero_stage=1"], r"parallel.pp=4 is more than the 3 residual blocks"),
     (["model=bert", "model.size=huge"], r"model.size='huge' is not a BERT size"),
     (["model=cnn", "model.activation_checkpointing=true"], r"would update its BatchNorm running statistics"),
+    # A data key the chosen source would ignore (#33 item 3), naming the sources that read it.
+    (["model=llama", "data.path=my_corpus.jsonl"], r"data.path='my_corpus.jsonl' is read by "
+                                                   r"data=files\|data=hub\|data=prepared; you chose data=pydoc"),
+    (["model=cnn", "data.path=imgs"], r"data.path='imgs' is read by data=files\|data=hub; you chose data=digits"),
+    (["model=cnn", "data=files", "data.path=imgs", "data.image_column=img"],
+     r"data.image_column='img' is read by data=hub; you chose data=files"),
+    (["model=cnn", "data.vocab_size=1000"], r"data.vocab_size=1000 is read by no data source of model.family=cnn"),
+    (["data.image_size=8"], r"data.image_size=8 is read by no data source of model.family=gpt"),
+    (["model=bert", "data.num_proc=2"], r"data.num_proc=2 is read by no data source of model.family=bert"),
+    (["data.mlm_probability=0.3"], r"data.mlm_probability=0.3 is read by no data source of model.family=gpt"),
+    (["data=prepared", "data.path=p", "data.text_column=body"], r"data.text_column='body' is read by "
+                                                                 r"data=files\|data=hub; you chose data=prepared"),
+    (["data.mix=[{name: pydoc}]", "data.path=a.txt"], r"data.path='a.txt' is not read with data.mix"),
+    (["data.tokenizer=tok", "data.vocab_size=1000"], r"data.vocab_size=1000 sizes a tokenizer trained on the data, "
+                                                     r"but data.tokenizer=tok is used"),
 ])
 def test_bad_config_messages(overrides, message):
     with pytest.raises(ConfigError, match=message):

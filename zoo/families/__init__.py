@@ -19,6 +19,18 @@ def family(name: str) -> FamilySpec:
     return FAMILIES[name]
 
 
+def check_size(family_name: str, size: str) -> None:
+    """A model.size that is another family's preset (`model.size=llama3-8b` without
+    `model=llama`) is refused naming that family; an unknown one is left to the family."""
+    if size in family(family_name).sizes or size is None:
+        return
+    owners = [name for name, spec in FAMILIES.items() if size in spec.sizes]
+    if owners:
+        raise ConfigError(f"model.size={size!r} is a size of model.family={owners[0]}, not of model.family="
+                          f"{family_name}; add model={owners[0]} (the family's config group), or choose one of "
+                          f"{sorted(family(family_name).sizes)}")
+
+
 def family_of_shape(shape) -> FamilySpec:
     """The spec whose model is built from this kind of shape."""
     for spec in FAMILIES.values():

@@ -9,7 +9,7 @@ needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,11 @@ class FamilySpec:
     """`data.name` values it reads; the first is its default."""
     reads: str
     """What its data is (`text`, `images`), for the message when data.name does not fit."""
+    sizes: Tuple[str, ...]
+    """Its `model.size` presets."""
+    data_keys: Mapping[str, Tuple[str, ...]]
+    """`data.*` key -> the `data.name` values that read it, for the keys some source ignores
+    (`zoo.families.data_keys`); a key set for a source not listed is refused."""
     pipeline_loss: Callable[[Any], Callable]
     """tp_group (or None) -> the loss of the pipeline's last stage on (logits, targets)."""
     flops_per_sample: Callable[[Any], Tuple[Optional[float], str]]

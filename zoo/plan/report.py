@@ -21,6 +21,12 @@ def _best(cands: List[Candidate], pred) -> Optional[Candidate]:
 def _model_split_reason(p: Plan, best: Candidate) -> str:
     lay, usable = best.layout, p.usable_bytes
     replica = model_state_bytes(p.desc.num_params, 1, 0, p.dtype).total
+    if lay.tp == lay.pp == 1 and replica > usable:
+        states = best.mem.params + best.mem.grads + best.mem.optimizer
+        return (f"Data parallelism with the model states partitioned: a whole replica ({replica / GB:.1f} GB of "
+                f"parameters, gradients and Adam states) is more than one GPU's {usable / GB:.1f} GB usable, but "
+                f"ZeRO-{lay.zero_stage} over dp={lay.dp} leaves each GPU {states / GB:.1f} GB of them, so tp=1, pp=1: "
+                f"no model-parallel communication, ZeRO's gathers and reduce-scatters instead.")
     if lay.tp == lay.pp == 1:
         return (f"Data parallelism while the model fits: a whole replica ({replica / GB:.1f} GB of parameters, "
                 f"gradients and Adam states) fits one GPU's {usable / GB:.1f} GB usable, so tp=1, pp=1 and every "
@@ -150,7 +156,9 @@ def render_text(p: Plan) -> str:
             f"activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s",
             "  step (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items() if k != "total"),
-            "  train with: python -m zoo.train " + " ".join(train_overrides(p, best))] + host_lines(p, best)
+            "  train with: python -m zoo.train " + " ".join(train_overrides(p, best)),
+            "  (add --dry-run to that command to check it where it will run: validated and planned, nothing "
+            "started)"] + host_lines(p, best)
     # The recommendation leads; then its reasons, the setting it was planned for, the runners-up.
     why = [textwrap.fill(r, WIDTH, initial_indent="- ", subsequent_indent="  ") for r in reasons(p)]
     out = head + ["", "Why:"] + why + [""] + [textwrap.fill(line, WIDTH, subsequent_indent="  ") for line in out]

@@ -180,7 +180,14 @@ class Plan:
 
 def make_plan(cfg: PlanRunConfig) -> Plan:
     """Check the config, describe the model, estimate every layout."""
+    from zoo.errors import ConfigError
+    from zoo.families import check_size
+
     check_plan(cfg)
+    try:
+        check_size(cfg.model.family, cfg.model.size)
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
     desc = describe_model(cfg.model, cfg.plan.vocab_size)
     cands = enumerate_layouts(desc, cfg.cluster, cfg.trainer.global_batch_size, dtype=cfg.precision.dtype, plan=cfg.plan)
     return Plan(desc=desc, cluster=cfg.cluster, dtype=cfg.precision.dtype,

@@ -86,7 +86,7 @@ def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
 def test_predict_fit():
     tiny = ModelConfig(family="gpt", size="tiny")
     fits, mem = predict_fit(tiny, Layout(tp=1, pp=1, dp=2), micro_batch=8, dtype="fp32", device_mem_bytes=80e9)
-    assert fits and set(mem) == {"params", "grads", "optimizer", "activations", "buffers", "total", "limit"}
+    assert fits and set(mem) == {"params", "grads", "optimizer", "activations", "buffers", "total", "limit", "num_params"}
     assert mem["total"] == sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "buffers"))
     big = ModelConfig(family="gpt", size="gpt3-175b")
     fits, mem = predict_fit(big, Layout(tp=1, pp=1, dp=8), micro_batch=1, dtype="bf16", device_mem_bytes=80e9)
@@ -141,3 +141,24 @@ def test_no_grid_for_the_pinned_tp():
     with pytest.raises(ValueError, match=r"no tp x pp grid fits 1 node\(s\) x 8 GPUs with plan.tp=\[3\] and "
                                          r"plan.pp=None; tp must be among \[1, 2, 4\]"):
         enumerate_layouts(gpt("small"), ClusterConfig(nodes=1, **A100), 64, plan=PlanConfig(tp=[3]))
+
+
+def test_the_data_parallel_reason_says_what_holds_for_a_replica_larger_than_a_gpu():
+    """#33 item 8: a 1,108 GB replica was said to "fit one GPU's 112.8 GB usable". Where the
+    recommended pure data-parallel layout holds the states partitioned, the reason says so."""
+    import dataclasses
+
+    from zoo.config.schema import TrainerConfig
+    from zoo.plan import PlanRunConfig, make_plan
+    from zoo.plan.report import _model_split_reason
+
+    cfg = PlanRunConfig(model=ModelConfig(family="gpt", size="small"), cluster=ClusterConfig(nodes=1, **A100),
+                        trainer=TrainerConfig(global_batch_size=512))
+    plan = make_plan(cfg)
+    best = plan.candidates[0]
+    assert best.layout.tp == best.layout.pp == 1
+    assert "fits one GPU's 64.0 GB usable" in _model_split_reason(plan, best)
+    tiny_gpu = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, gpu_mem_gb=1))  # 0.8 GB usable
+    reason = _model_split_reason(tiny_gpu, best)
+    assert "fits one GPU" not in reason and "is more than one GPU's 0.8 GB usable" in reason
+    assert f"ZeRO-{best.layout.zero_stage} over dp={best.layout.dp} leaves each GPU" in reason

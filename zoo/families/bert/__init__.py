@@ -3,6 +3,7 @@ on sentence-pair samples; tensor parallelism by heads and MLP columns (vocab-par
 embeddings, decoder and loss), `BertForMaskedLM` in and out."""
 from __future__ import annotations
 
+from zoo.families import data_keys
 from zoo.families.bert import hf
 from zoo.families.bert.task import BertTask
 from zoo.families.spec import FamilySpec, HFConverter
@@ -11,7 +12,7 @@ from zoo.families.transformer import (
     shape_from_config,
     transformer_flops_per_sample,
 )
-from zoo.models.bert import BertForMaskedLM, BertShape, bert_init_std, bert_shape
+from zoo.models.bert import BERT_SIZES, BertForMaskedLM, BertShape, bert_init_std, bert_shape
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.plans import TPPlan
 
@@ -42,6 +43,7 @@ SPEC = FamilySpec(
     init_std=lambda shape, _module: (lambda name: bert_init_std(name, shape)),
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
+    sizes=tuple(BERT_SIZES), data_keys=data_keys.MASKED_TEXT,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_plan=TP_PLAN,
     hf=HFConverter.of(hf, model_types=("bert",), loads_as="BertForMaskedLM"),
 )

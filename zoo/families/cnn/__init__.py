@@ -7,9 +7,11 @@ from typing import List
 
 from zoo.config.schema import Config
 from zoo.errors import ConfigError
+from zoo.families import data_keys
 from zoo.families.cnn.task import CNNTask
 from zoo.families.spec import FamilySpec
 from zoo.models.cnn import (
+    CNN_SIZES,
     CNNShape,
     ResNet,
     classification_loss,
@@ -59,6 +61,6 @@ def _init_std(shape: CNNShape, module):
 
 SPEC = FamilySpec(
     name="cnn", model=ResNet, shape_type=CNNShape, shape=None, task=CNNTask, init_std=_init_std, check=check,
-    data_sources=("digits", "files", "hub"), reads="images",
+    data_sources=("digits", "files", "hub"), reads="images", sizes=tuple(CNN_SIZES), data_keys=data_keys.IMAGES,
     pipeline_loss=lambda _tp_group: classification_loss, flops_per_sample=counted_flops_per_sample,
 )

@@ -3,6 +3,7 @@ packed token blocks; tensor parallelism by heads and MLP columns (vocab-parallel
 head and loss, optional sequence parallelism), `GPT2LMHeadModel` in and out, planned."""
 from __future__ import annotations
 
+from zoo.families import data_keys
 from zoo.families.causal_lm import CausalLMTask
 from zoo.families.gpt import hf, plan
 from zoo.families.spec import FamilySpec, HFConverter
@@ -11,7 +12,7 @@ from zoo.families.transformer import (
     shape_from_config,
     transformer_flops_per_sample,
 )
-from zoo.models.gpt import GPT, GPTShape, gpt_init_std, gpt_shape
+from zoo.models.gpt import GPT, GPT_SIZES, GPTShape, gpt_init_std, gpt_shape
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.plans import TPPlan
 
@@ -39,7 +40,8 @@ SPEC = FamilySpec(
     name="gpt", model=GPT, shape_type=GPTShape, shape=_shape, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: gpt_init_std(name, shape)),
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
-    data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,
+    data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
+    sizes=tuple(GPT_SIZES), data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_plan=TP_PLAN,
     hf=HFConverter.of(hf, model_types=("gpt2",), loads_as="GPT2LMHeadModel",
                    vocab_rows=("embed.wte.weight", "lm_head.weight")),

@@ -9,11 +9,13 @@ import dataclasses
 from typing import List, Tuple
 
 from zoo.errors import ConfigError
+from zoo.families import data_keys
 from zoo.families.causal_lm import CausalLMTask
 from zoo.families.llama import hf, plan
 from zoo.families.spec import FamilySpec, HFConverter
 from zoo.families.transformer import PLACEHOLDER_VOCAB, check_transformer, imported_dims
 from zoo.models.llama import (
+    LLAMA_SIZES,
     LlamaForCausalLM,
     LlamaShape,
     llama_flops_per_token,
@@ -92,7 +94,8 @@ def _flops_per_sample(task):
 SPEC = FamilySpec(
     name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=_shape, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
-    data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True, generates_text=True,
+    data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
+    sizes=tuple(LLAMA_SIZES), data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
     pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN, tp_plan_of=tp_plan_of,
     planner=plan.describe,
     hf=HFConverter.of(hf, model_types=("llama",), loads_as="LlamaForCausalLM",
