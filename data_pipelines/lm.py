@@ -3,7 +3,7 @@ with an end-of-text token and pack the stream into fixed-length blocks: zero pad
 
 Blocks hold block_size + 1 tokens (inputs are [:-1], targets [1:]); every token of the
 corpus lands in exactly one block (the tail shorter than a block is dropped and counted).
-Every k-th block (k = round(1 / eval_fraction)) is held out for evaluation. The result is
+Every k-th block (k = round(1 / eval_fraction)) is held out for evaluation, at least one. The result is
 cached as .npy files keyed by source, tokenizer and settings, and read memory-mapped.
 """
 from __future__ import annotations
@@ -51,12 +51,18 @@ def pack(doc_ids: List[List[int]], eos_id: int, block_size: int) -> tuple[np.nda
     return stream[: n * width].reshape(n, width), len(stream) - n * width
 
 
+def held_out(n: int, eval_fraction: float) -> np.ndarray:
+    """Which of n blocks are held out: every k-th (k = round(1 / eval_fraction)), and at least
+    one where there are two or more (a corpus of fewer than k blocks still evaluates)."""
+    held = np.zeros(n, dtype=bool)
+    if eval_fraction > 0 and n >= 2:
+        k = min(max(2, round(1 / eval_fraction)), n)
+        held[k - 1 :: k] = True
+    return held
+
+
 def split_eval(blocks: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    if eval_fraction <= 0:
-        return blocks, blocks[:0]
-    k = max(2, round(1 / eval_fraction))
-    held = np.zeros(len(blocks), dtype=bool)
-    held[k - 1 :: k] = True
+    held = held_out(len(blocks), eval_fraction)
     return blocks[~held], blocks[held]
 
 

@@ -139,10 +139,11 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         from zoo.plan import device_memory_bytes, fit_warning
+        from zoo.plan.dry_run import planned_vocab
 
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
         try:
-            fit = fit_warning(cfg, layout, device_memory_bytes(ranks_here))
+            fit = fit_warning(cfg, layout, device_memory_bytes(ranks_here), vocab_size=planned_vocab(cfg))
         except (ValueError, KeyError):  # a family the planner does not describe yet
             fit = None
         if fit:
@@ -150,6 +151,8 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     for w in warnings:
         if rank0:
             print(f"zoo: warning: {w}", file=sys.stderr, flush=True)
+    if cfg.trainer.dry_run:
+        _dry_run(cfg, layout, env, run_dir)
     from zoo.observe.startup import mark_validated
 
     mark_validated(job_start)  # the ranks' start-up clock: from this command's start, validation ended now
@@ -178,6 +181,26 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     finally:
         os.environ.pop(HELD_ENV, None)
         lock.release()
+
+
+def _dry_run(cfg: Config, layout, env, run_dir: str) -> None:
+    """Print the plan of the validated run (rank 0) and exit 0: no rank, nothing written."""
+    import torch
+
+    from zoo.families import family
+    from zoo.plan import device_memory_bytes
+    from zoo.plan.dry_run import dry_run_lines
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
+        device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                  else f"CPU share (this host's RAM over its {ranks_here} rank(s))")
+        for line in dry_run_lines(cfg, layout, family(cfg.model.family), device_memory_bytes(ranks_here), device):
+            print(f"zoo: dry run: {line}", flush=True)
+        print("zoo: dry run: validated and planned; nothing started or written (drop --dry-run to train)", flush=True)
+    if os.path.isdir(run_dir) and not os.listdir(run_dir):
+        os.rmdir(run_dir)
+    sys.exit(0)
 
 
 def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
@@ -280,6 +303,11 @@ def _debug_alias(argv: list) -> list:
     return [f"verbose={a.split('=', 1)[1].lower()}" if re.fullmatch(r"debug=(?i:true|false)", a) else a for a in argv]
 
 
+def _dry_run_flag(argv: list) -> list:
+    """`--dry-run` is trainer.dry_run=true (Hydra would refuse the flag)."""
+    return ["trainer.dry_run=true" if a == "--dry-run" else a for a in argv]
+
+
 def _explicit_run_dir(argv) -> str | None:
     for arg in argv:
         if arg.startswith("hydra.run.dir="):
@@ -292,7 +320,7 @@ def main() -> None:
     from zoo.rundir import RunDirError, check_writable
 
     signals.install()  # before the slow imports: Slurm's warning may come during start-up
-    sys.argv[1:] = _debug_alias(_take_local_rank(sys.argv[1:]))
+    sys.argv[1:] = _dry_run_flag(_debug_alias(_take_local_rank(sys.argv[1:])))
     run_dir = _explicit_run_dir(sys.argv[1:])
     # Hydra would fail on an unwritable run directory with a traceback. Without hydra.run.dir
     # the run goes under outputs/ in the working directory.

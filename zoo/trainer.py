@@ -57,6 +57,7 @@ class Trainer:
         # Periodic evaluation: the best eval loss so far, its step, evaluations since (kept in checkpoints).
         self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
         self.stopped_early = None  # the step early stopping ended the run at
+        self.last_eval = None  # the latest evaluation's record
         self.resumed_from = self._resume() if cfg.resume else None
         self._test_overflow()
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
@@ -248,16 +249,33 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
-        """Mean held-out loss (None with trainer.eval_batches=0); data-parallel ranks take disjoint
-        batches. The worker refused a held-out split smaller than one round before training."""
+        """The held-out loss over every target of the task's `eval_samples()` (None with
+        trainer.eval_batches=0): each batch's mean loss times its targets, summed over the
+        data-parallel ranks' disjoint batches, over the targets counted. The same samples and
+        the same mean on every layout, whatever the micro-batch and the data-parallel degree."""
+        from zoo.models.losses import IGNORE, summed
+
         self.engine.eval()
         batches = self.task.eval_batches(micro_batch=self.micro_batch_size, dp_rank=self.dp_rank,
                                          dp_size=self.layout.dp)
         if not batches:
             return None
-        if self.pipelined:  # already averaged over the data-parallel group
-            return self.engine.eval_batch(iter(batches), num_micro_batches=len(batches)).float().item()
-        return self._dp_mean(sum(self.engine(x, y).float() for x, y in batches) / len(batches))
+        counted = sum((y != IGNORE).sum() for _, y in batches).float()
+        if self.pipelined:  # DeepSpeed averages the loss function's outputs over micro-batches and dp
+            loss_fn = self.engine.module.loss_fn
+            loss_fn.summing = True
+            try:
+                mean = self.engine.eval_batch(iter(batches), num_micro_batches=len(batches)).float()
+            finally:
+                loss_fn.summing = False
+            total = mean * (len(batches) * self.layout.dp)
+        else:
+            total = sum(summed(self.engine(x, y), y) for x, y in batches)
+            if self.layout.dp > 1:
+                dist.all_reduce(total, group=self.dp_group)
+        if self.layout.dp > 1:
+            dist.all_reduce(counted, group=self.dp_group)
+        return (total / counted).item()
 
     def periodic_evaluation(self) -> dict:
         """The held-out evaluation between two steps (collective): it changes nothing of the
@@ -271,7 +289,8 @@ class Trainer:
         with self.monitor.outside_step():
             eval_loss = self.evaluate()
             plain = self._plain_model_on_rank0() if self.task.eval_metrics_need_weights() else None
-            record = {"step": self.step, "eval_loss": eval_loss, **self.task.eval_metrics(eval_loss, plain),
+            record = {"step": self.step, "eval_loss": eval_loss, "eval_samples": self.task.eval_samples(),
+                      **self.task.eval_metrics(eval_loss, plain),
                       "eval_time_s": time.perf_counter() - t0}
             torch.set_rng_state(rng)  # building the plain model drew from it too
             if cuda_rng is not None:
@@ -339,8 +358,12 @@ class Trainer:
                                f"step (torch.compile, inductor); not counted in tokens/s or MFU")
             if self.profile is not None:
                 self._profile_window_end(step_s)
-            evaluated = (self.periodic_evaluation() if t.eval_every and self.step % t.eval_every == 0
-                         and self.step < t.max_steps else None)  # the last step's is the final evaluation
+            # Every trainer.eval_every steps, and at the last step: the final evaluation is that
+            # step's record too, and counts for the best (checkpoint.best, early stopping).
+            due = (t.eval_every and self.step % t.eval_every == 0) or self.step == t.max_steps
+            evaluated = self.periodic_evaluation() if due and t.eval_batches != 0 else None
+            if evaluated:
+                self.last_eval = evaluated
             if self.step % t.log_every == 0 or self.step == t.max_steps:
                 loss = self._dp_mean(local_loss)
                 record, diagnoses = self.monitor.report(self.step, loss, window_steps)
@@ -379,13 +402,15 @@ class Trainer:
         final_checkpoint = self.cfg.checkpoint.every or t.max_steps == 0  # max_steps=0: convert/evaluate
         if final_checkpoint and not (self.ckpt_root / f"step_{self.step:07d}").exists():
             self.save_checkpoint()
-        eval_loss = self.evaluate()
+        last = self.last_eval  # this step's evaluation (the last step's, or early stopping's), else one now
+        eval_loss = last["eval_loss"] if last is not None and last["step"] == self.step else self.evaluate()
         extras = self.finish(eval_loss)
         local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, local)
         summary = {
-            "final_loss": loss, **({} if eval_loss is None else {"eval_loss": eval_loss}),
+            "final_loss": loss, **({} if eval_loss is None else {"eval_loss": eval_loss,
+                                                                 "eval_samples": self.task.eval_samples()}),
             **self.monitor.summary(train_time, self.step - first_step),
             **extras, "tokens_per_s": tokens_per_step * (self.step - first_step) / train_time if train_time else 0.0,
             "steps": self.step, "world_size": self.layout.world_size, "tp": self.layout.tp,
@@ -445,7 +470,8 @@ class Trainer:
         name = signals.name(received)
         if self.cfg.checkpoint.every or received == 3:
             path = self.save_checkpoint()
-            self.log.write(f"zoo: {name} received: stopped after step {self.step}, checkpoint {path}")
+            self.log.write(f"zoo: {name} received: stopped after step {self.step}, checkpoint {path}; continue with "
+                           f"python -m zoo.train hydra.run.dir={self.run_dir} resume=auto (on any layout)")
         else:
             self.log.write(f"zoo: {name} received: stopped after step {self.step} (checkpointing is off)")
         self.log.close()

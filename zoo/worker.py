@@ -89,8 +89,9 @@ def show_topology(layout: Layout, rank: int, device: torch.device, verbose: bool
     hosts, devices = [h for h, _ in places], [d for _, d in places]
     text = describe_grid(layout, hosts, devices)
     distinct = sorted(set(hosts))
-    shown = text if verbose else (f"{text.splitlines()[0]} on {len(distinct)} host(s) ({', '.join(distinct[:4])}"
-                                  f"{', ...' if len(distinct) > 4 else ''}); the rank grid goes to topology.txt\n")
+    hosts_shown = ", ".join(distinct[:4]) + (", ..." if len(distinct) > 4 else "")
+    shown = "zoo: " + (text if verbose else f"{text.splitlines()[0]} on {len(distinct)} host(s) ({hosts_shown}); "
+                                            f"the rank grid goes to topology.txt\n")
     print(shown, end="", flush=True)
     return text, hosts, devices
 
@@ -248,6 +249,8 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
 
     task = family(cfg.model.family).task(cfg, device, layout)
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
+    if rank == 0:
+        print(f"zoo: {task.data_line()}", flush=True)
     dist.barrier()
     clock.mark("data")
     from zoo.engine import native as native_checkpoint
@@ -266,9 +269,8 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
         raise RunDirError(problem[0])
     if cfg.trainer.micro_batch_size == "auto":
         _find_micro_batch(cfg, layout, grid, task, device, rank)
-    from zoo.engine import micro_batching
 
-    small_split = task.check_eval_split(micro_batching(cfg, layout)[0], layout.dp)  # refuses one under a batch
+    small_split = task.check_eval_split()  # refuses an empty one
     if small_split and rank == 0:
         print(f"zoo: warning: {small_split}", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, layout, grid, task, run_path, device)

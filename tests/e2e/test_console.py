@@ -11,10 +11,13 @@ def test_a_tp_pp_run_prints_only_zoos_lines_and_ends_with_its_result(trained_3d)
     out = [line for line in (trained_3d.stdout + trained_3d.stderr).splitlines() if line.strip()]
     noise = [line for line in out if any(marker in line for marker in THIRD_PARTY)]
     assert not noise, noise
-    others = [line for line in out if not line.startswith(("zoo: ", "step ", "layout ", "    ", "           "))]
+    others = [line for line in out if not line.startswith(("zoo: ", "step ", "    ", "           "))]
     assert not others, others
-    assert sum(line.startswith("layout tp2-pp2-dp1") for line in out) == 1
-    assert "the rank grid goes to topology.txt" in next(line for line in out if line.startswith("layout "))
+    assert sum(line.startswith("zoo: layout tp2-pp2-dp1") for line in out) == 1
+    assert "the rank grid goes to topology.txt" in next(line for line in out if line.startswith("zoo: layout "))
+    data = [line for line in out if line.startswith("zoo: data: ")]  # the source and its size, once
+    assert len(data) == 1 and data[0].startswith("zoo: data: data=pydoc (the Python documentation inside CPython): ")
+    assert " blocks of 128 tokens (" in data[0] and " held out (data.eval_fraction=0.05)" in data[0]
     assert "TP group: [0, 1]" in (trained_3d.run_dir / "topology.txt").read_text()
     import yaml
 

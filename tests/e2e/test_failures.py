@@ -78,6 +78,9 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path, zoo_cache):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert "SIGTERM received: stopped after step" in out
+    assert f"continue with python -m zoo.train hydra.run.dir={run_dir} resume=auto" in out
+    # torch's agent stopping the workers is not the user's business (#33 item 10)
+    assert "death signal" not in out + err and "via signal" not in out + err, err[-2000:]
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert (run_dir / "checkpoints" / latest / "state.json").exists()
 

@@ -55,9 +55,9 @@ def test_layout_matches_single_process_per_step(family_run, family, preset):
     ref, run = family_run(family, "ddp"), family_run(family, preset)
     assert len(ref.losses()) == 4 and ref.losses()[0] != ref.losses()[-1]
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-5, atol=0)
-    # the periodic evaluation at step 2: the same held-out micro-batches (2 of 2 samples) on every layout,
-    # and its accuracy from the consolidated weights
-    assert list(run.evals()) == list(ref.evals()) == [2]
+    # the periodic evaluation at step 2: the same 24 held-out samples (2 global batches) on every
+    # layout, and its accuracy from the consolidated weights
+    assert list(run.evals()) == list(ref.evals()) == [2, 4]
     assert run.evals()[2] == pytest.approx(ref.evals()[2], rel=1e-5)
     accuracy = [next(m["eval_accuracy"] for m in r.metrics if m["step"] == 2 and "eval_loss" in m) for r in (run, ref)]
     assert accuracy[0] == pytest.approx(accuracy[1], abs=1e-6) and 0 <= accuracy[0] <= 1

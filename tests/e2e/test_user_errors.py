@@ -44,12 +44,13 @@ def _bert_with_a_gpt_tokenizer(tmp_path):
     return ["model=bert", f"data.tokenizer={tmp_path / 'tok'}"]
 
 
-def _eval_split_under_one_batch(tmp_path):
-    """58 short documents (the new user's corpus of #22): 1% held out is under one micro-batch of 8."""
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"note {i}: " + "some words here " * 40}) + "\n"
-                                                 for i in range(58)))
-    return ["data=files", f"data.path={tmp_path / 'docs.jsonl'}", "data.eval_fraction=0.01",
-            "trainer.micro_batch_size=8", "trainer.global_batch_size=16", "trainer.eval_batches=1"]
+def _tiny_bert_corpus(tmp_path):
+    """Three documents of three sentences (#33 item 6: a traceback naming BucketedBatchSampler)."""
+    (tmp_path / "docs.jsonl").write_text("".join(
+        json.dumps({"text": f"Sentence one of note {i}. Another sentence here. And a third one."}) + "\n"
+        for i in range(3)))
+    return ["model=bert", "data=files", f"data.path={tmp_path / 'docs.jsonl'}", "trainer.global_batch_size=32",
+            "trainer.micro_batch_size=8"]
 
 
 CASES = {
@@ -58,8 +59,8 @@ CASES = {
     "missing resume path": (_missing_resume, "resume="),
     "init_from without safetensors": (_init_from_without_safetensors, "safetensors"),
     "bert tokenizer without special tokens": (_bert_with_a_gpt_tokenizer, "mask_token"),
-    "held-out split under one batch": (_eval_split_under_one_batch, "fewer than one evaluation batch (micro-batch 8 "
-                                                                    "x dp 1 = 8)"),
+    "bert corpus under one global batch": (_tiny_bert_corpus, "training samples of up to 128 tokens, fewer than one "
+                                                              "global batch (trainer.global_batch_size=32)"),
 }
 
 

@@ -57,6 +57,14 @@ class ModelConfig:
     init_from: Optional[str] = None
     """A local Hugging Face directory (or Hub name) to initialise the weights from."""
 
+    @property
+    def label(self) -> str:
+        """How a run names its model: `gpt-tiny`; an import by its directory (`llama-SmolLM2`),
+        whose dimensions are its own, not model.size's."""
+        if self.init_from:
+            return f"{self.family}-{self.init_from.rstrip('/').rsplit('/', 1)[-1]}"
+        return f"{self.family}-{self.size}"
+
 
 @dataclass
 class ParallelConfig:
@@ -112,7 +120,8 @@ class DataConfig:
     eval_fraction: float = 0.05
     """Share of the source held out for evaluation. Range: in (0, 1)."""
     num_proc: int = 1
-    """Processes tokenizing in `datasets.map` (batched, fast tokenizer) when data is prepared. Range: >= 1."""
+    """GPT and Llama: processes tokenizing in `datasets.map` (batched, fast tokenizer) when text is
+    tokenized into the cache. Range: >= 1."""
     num_workers: int = 0
     """DataLoader worker processes per rank preparing the next step's batches; 0: one
     background thread. Range: >= 0."""
@@ -229,9 +238,11 @@ class TrainerConfig:
     log_every: int = 10
     """Log metrics every this many steps. Range: positive."""
     eval_batches: Optional[int] = None
-    """Held-out evaluation rounds (a micro-batch on every data-parallel rank) at the end. None:
-    the whole held-out split, at most 100 rounds; 0: no evaluation. A held-out split smaller
-    than one round is refused before training, one smaller than a set value is warned about. Range: >= 0."""
+    """How much of the held-out split an evaluation scores, in global batches
+    (trainer.global_batch_size samples each): the first N x global batch samples, the same on
+    every layout. None: the whole split, at most 20 global batches; 0: no evaluation. An
+    empty held-out split is refused before training, one smaller than a set value is warned
+    about. Range: >= 0."""
     sample_tokens: int = 48
     """Tokens generated at the end of a language-model run (0: none). Range: >= 0."""
     eval_every: int = 0
@@ -242,6 +253,9 @@ class TrainerConfig:
     """The prompt of that sample; default: the first words of the first held-out document."""
     progress: bool = True
     """Progress bar on rank 0."""
+    dry_run: bool = False
+    """Validate and plan the run (layout, batch, memory per device against the device, the data
+    and its size), print it and exit: no rank starts, nothing is written. `--dry-run` sets it."""
     max_nonfinite_steps: int = 3
     """Stop the run after this many consecutive steps with a non-finite loss (no checkpoint
     is written over the last good one meanwhile). fp16 overflows are skipped by the engine. Range: positive."""

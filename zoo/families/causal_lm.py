@@ -129,6 +129,9 @@ class CausalLMTask(Task):
     def tokens_per_sample(self) -> int:
         return self.shape.block_size
 
+    def sample_noun(self) -> str:
+        return f"blocks of {self.shape.block_size} tokens ({self.stream.num_samples * self.shape.block_size:,} tokens)"
+
     def collate(self, split: str, indices: np.ndarray) -> Batch:
         rows = self.blocks.train if split == "train" else self.blocks.eval
         block = torch.from_numpy(np.asarray(rows[indices], dtype=np.int64))

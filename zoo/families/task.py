@@ -20,7 +20,8 @@ from zoo.config.schema import Config
 from zoo.parallel.topology import Layout, tp_group
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
-DEFAULT_EVAL_ROUNDS = 100  # trainer.eval_batches=None: the whole held-out split, at most this many rounds
+BUILT_IN = {"pydoc": "the Python documentation inside CPython", "digits": "scikit-learn's 8x8 digits"}
+DEFAULT_EVAL_BATCHES = 20  # trainer.eval_batches=None: the whole held-out split, at most this many global batches
 
 
 class Task:
@@ -83,7 +84,23 @@ class Task:
         raise NotImplementedError
 
     def describe(self) -> str:
-        return f"{self.cfg.model.family}-{self.cfg.model.size}"
+        return self.cfg.model.label
+
+    def sample_noun(self) -> str:
+        """What one training sample is, for the start line (`blocks of 128 tokens`)."""
+        return "samples"
+
+    def data_line(self) -> str:
+        """The start line naming the data the run reads and its size (after prepare)."""
+        d = self.cfg.data
+        if d.mix:
+            source = "data.mix of " + ", ".join(f"{m.get('name')}{' ' + str(m['path']) if m.get('path') else ''}"
+                                                f" x{m.get('weight', 1)}" for m in d.mix)
+        else:
+            source = f"data={d.name}" + (f" data.path={d.path}" if d.path else f" ({BUILT_IN.get(d.name, 'built in')})")
+        held = f"data.eval_path={d.eval_path}" if d.eval_path else f"data.eval_fraction={d.eval_fraction:g}"
+        return (f"data: {source}: {self.num_train():,} {self.sample_noun()} to train on, "
+                f"{self.num_eval():,} held out ({held})")
 
     # -- batches --------------------------------------------------------------------------
     def collate(self, split: str, indices: np.ndarray) -> Batch:
@@ -92,6 +109,9 @@ class Task:
 
     def num_eval(self) -> int:
         raise NotImplementedError
+
+    def num_train(self) -> int:
+        return self.stream.num_samples
 
     def tokens_per_sample(self) -> int:
         """Tokens (or pixels' worth of samples: 1) one sample counts for throughput."""
@@ -107,43 +127,55 @@ class Task:
                                   dp_rank=dp_rank, dp_size=dp_size)
         return self._to_device(self.collate("train", self.stream.indices(start, micro_batch)))
 
-    def eval_rounds(self, micro_batch: int, dp_size: int) -> int:
-        """Evaluation rounds (one micro-batch on every data-parallel rank) this run makes:
-        trainer.eval_batches, or as many as the held-out split holds."""
-        asked = self.cfg.trainer.eval_batches
-        return min(DEFAULT_EVAL_ROUNDS if asked is None else asked, self.num_eval() // (micro_batch * dp_size))
+    def eval_samples(self) -> int:
+        """How many held-out samples an evaluation scores, the same on every layout: the first
+        trainer.eval_batches x trainer.global_batch_size of the split (None: all of it, at most
+        DEFAULT_EVAL_BATCHES global batches; 0: none)."""
+        t = self.cfg.trainer
+        batches = DEFAULT_EVAL_BATCHES if t.eval_batches is None else t.eval_batches
+        return min(self.num_eval(), batches * t.global_batch_size)
 
-    def check_eval_split(self, micro_batch: int, dp_size: int) -> Optional[str]:
-        """Refuse (DataError) a held-out split smaller than one evaluation round: the run would
-        end without an evaluation. Returns a warning when it holds fewer rounds than asked."""
+    def check_eval_split(self) -> Optional[str]:
+        """Refuse (DataError) an empty held-out split where the run evaluates: it would end
+        without an evaluation. Returns a warning when it holds fewer samples than asked."""
         from zoo.errors import DataError
 
-        asked, held, per_round = self.cfg.trainer.eval_batches, self.num_eval(), micro_batch * dp_size
-        if asked == 0:
+        t, held = self.cfg.trainer, self.num_eval()
+        if t.eval_batches == 0:
             return None
         eval_path = getattr(self.cfg.data, "eval_path", None)
         source = f"data.eval_path={eval_path}" if eval_path else \
             f"data.eval_fraction={self.cfg.data.eval_fraction:g} of the data"
-        if held < per_round:
-            needed_fraction = self.cfg.data.eval_fraction * per_round / max(held, 1)
+        if held == 0:
             more = ("give data.eval_path more text" if eval_path else
-                    f"raise data.eval_fraction (to about {min(needed_fraction, 0.5):.2g}), use more data")
-            raise DataError(
-                f"the held-out split has {held} samples ({source}), fewer than one evaluation batch "
-                f"(micro-batch {micro_batch} x dp {dp_size} = {per_round}): the run would end without an "
-                f"evaluation; {more}, or set trainer.eval_batches=0 to train without evaluating")
-        if asked is not None and held // per_round < asked:
-            return (f"trainer.eval_batches={asked} but the held-out split ({held} samples, {source}) holds "
-                    f"{held // per_round} evaluation batches of {per_round}: evaluating on {held // per_round}")
+                    f"raise data.eval_fraction (e.g. to {min(2 * self.cfg.data.eval_fraction, 0.5):.2g}), use more data")
+            raise DataError(f"the held-out split is empty ({source}): the run would end without an evaluation; "
+                            f"{more}, or set trainer.eval_batches=0 to train without evaluating")
+        asked = None if t.eval_batches is None else t.eval_batches * t.global_batch_size
+        if asked is not None and held < asked:
+            return (f"trainer.eval_batches={t.eval_batches} asks for {asked} held-out samples (global batches of "
+                    f"{t.global_batch_size}) but the split holds {held} ({source}): evaluating on {held}")
         return None
 
     def eval_batches(self, *, micro_batch: int, dp_rank: int, dp_size: int) -> List[Batch]:
-        """This rank's held-out micro-batches, one per round (`eval_rounds`); ranks take disjoint ones."""
-        per_round = micro_batch * dp_size
-        rounds = self.eval_rounds(micro_batch, dp_size)
-        return [self._to_device(self.collate("eval", np.arange(r * per_round + dp_rank * micro_batch,
-                                                               r * per_round + (dp_rank + 1) * micro_batch)))
-                for r in range(rounds)]
+        """This rank's held-out micro-batches: the `eval_samples()` first samples of the split in
+        rounds of one micro-batch per data-parallel rank, ranks taking disjoint ones. The last
+        round is filled with copies of sample 0 whose targets are all -100 (counted for no loss),
+        so every rank runs the same number of full micro-batches (ZeRO-3's and the pipeline's
+        collectives) and every layout scores exactly the same samples."""
+        from zoo.models.losses import IGNORE
+
+        count, per_round = self.eval_samples(), micro_batch * dp_size
+        batches = []
+        for r in range(-(-count // per_round)):
+            wanted = np.arange(r * per_round + dp_rank * micro_batch, r * per_round + (dp_rank + 1) * micro_batch)
+            real = wanted < count
+            x, y = self.collate("eval", np.where(real, wanted, 0))
+            if not real.all():
+                y = y.clone()
+                y[torch.from_numpy(~real)] = IGNORE
+            batches.append(self._to_device((x, y)))
+        return batches
 
     def _to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)

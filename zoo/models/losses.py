@@ -18,3 +18,15 @@ def masked_mean(per_token: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean loss over the positions whose target is not -100."""
     mask = (targets != -100).to(per_token.dtype)
     return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+IGNORE = -100
+"""The target that counts for no loss (a token BERT does not predict, a padded sample)."""
+
+
+def summed(mean_loss: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A batch's mean loss (over its targets other than -100) back to their sum, float32; 0 for
+    a batch with none (a padded one, whose mean may be NaN): evaluation adds these sums and
+    divides by the targets counted, the same whatever batches the samples were grouped in."""
+    n = (targets != IGNORE).sum()
+    return torch.where(n > 0, mean_loss.float() * n, torch.zeros((), dtype=torch.float32, device=mean_loss.device))

@@ -60,8 +60,9 @@ def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True, resum
     if s.get("stopped_early_at_step"):
         lines.append(f"zoo: stopped early at step {s['stopped_early_at_step']} (trainer.early_stop): the best eval loss "
                      f"was {s['best_eval_loss']:.4f} at step {s['best_eval_step']}")
-    elif _number(s.get("best_eval_loss")) is not None:
-        lines.append(f"zoo: best periodic eval loss {s['best_eval_loss']:.4f} at step {s['best_eval_step']}")
+    elif _number(s.get("best_eval_loss")) is not None and s.get("best_eval_step") != s.get("steps"):
+        lines.append(f"zoo: best eval loss {s['best_eval_loss']:.4f} at step {s['best_eval_step']} (the final one is "
+                     f"above it)")
     if s.get("sample"):
         lines.append(f"zoo: sample (prompt {s.get('sample_prompt', '')!r}):")
         lines += ["    " + line for line in str(s["sample"]).splitlines() or [""]]

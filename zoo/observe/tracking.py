@@ -77,12 +77,12 @@ def wandb_mode(configured: Optional[str], env: Mapping[str, str] = os.environ) -
 
 def default_name(cfg: Config, layout: Layout) -> str:
     """model-size_layout, e.g. gpt-tiny_tp2-pp2-dp2_zero1."""
-    return f"{cfg.model.family}-{cfg.model.size}_{layout.name}"
+    return f"{cfg.model.label}_{layout.name}"
 
 
 def default_group(cfg: Config) -> str:
     """The experiment, so that the layouts of one experiment sit together; else model-size."""
-    return cfg.experiment or f"{cfg.model.family}-{cfg.model.size}"
+    return cfg.experiment or cfg.model.label
 
 
 class BackgroundTracker:

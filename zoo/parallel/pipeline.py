@@ -54,6 +54,22 @@ class StageLayer(nn.Module):
         return self.layer(self, x)
 
 
+class PipelineLoss:
+    """The last stage's loss: the family's mean loss while training; while `summing` (the
+    trainer's evaluation) each micro-batch's sum over its targets (zoo.models.losses.summed),
+    which the trainer turns into the mean over every held-out target however the samples were
+    grouped (DeepSpeed's eval_batch only averages the outputs)."""
+
+    def __init__(self, loss: Callable):
+        self.loss, self.summing = loss, False
+
+    def __call__(self, logits, targets):
+        from zoo.models.losses import summed
+
+        loss = self.loss(logits, targets)
+        return summed(loss, targets) if self.summing else loss
+
+
 def pipeline_module(meta_model: nn.Module, layout: Layout, materialise: Callable[[nn.Module], None], *, loss_fn,
                     partition_method: str, activation_checkpointing: bool,
                     dynamic_shape: bool = False) -> PipelineModule:
@@ -66,7 +82,7 @@ def pipeline_module(meta_model: nn.Module, layout: Layout, materialise: Callable
         else:
             specs.append(LayerSpec(StageLayer, meta_model, index, materialise))
     return LayerListPipelineModule(
-        layers=specs, topology=build_topology(layout), loss_fn=loss_fn, partition_method=partition_method,
+        layers=specs, topology=build_topology(layout), loss_fn=PipelineLoss(loss_fn), partition_method=partition_method,
         activation_checkpoint_interval=1 if activation_checkpointing else 0,
         activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
         dynamic_shape=dynamic_shape)

@@ -26,7 +26,7 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
     """(fits, bytes per device) of training `model_cfg` with `layout` and this micro-batch.
 
     `fits` is total <= mem_fraction * device_mem_bytes. The dict has params, grads, optimizer,
-    activations, buffers, total and limit (the usable bytes). `grad_accum` is the pipeline's
+    activations, buffers, total and limit (the usable bytes), and num_params (the model's count). `grad_accum` is the pipeline's
     micro-batches (how many are in flight); `vocab_size` the tokenizer's, padded as training pads it.
     """
     if device_mem_bytes <= 0:
@@ -39,12 +39,13 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
                      activation_checkpointing=model_cfg.activation_checkpointing)
     mem = layout_memory(desc, lay, dtype=dtype, sequence_parallel=sequence_parallel, bucket_elems=bucket_elems)
     limit = mem_fraction * device_mem_bytes
-    return mem.total <= limit, {**mem.as_dict(), "limit": int(limit)}
+    return mem.total <= limit, {**mem.as_dict(), "limit": int(limit), "num_params": desc.num_params}
 
 
-def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_size: int = GPT2_VOCAB,
-                mem_fraction: float = 0.8) -> Optional[str]:
-    """A warning when training `cfg` with `layout` is predicted not to fit a device; None when it fits."""
+def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_size: int = GPT2_VOCAB,
+               mem_fraction: float = 0.8) -> Tuple[bool, Dict[str, int], int, int]:
+    """(fits, bytes per device as predict_fit gives them, micro-batch, micro-batches in flight) of
+    training `cfg` with `layout` as the engine will run it."""
     from zoo.engine import micro_batching
 
     if cfg.trainer.micro_batch_size == "auto":  # the finder picks it: warn when even 1 does not fit
@@ -61,6 +62,14 @@ def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_s
     fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction)
+    return fits, mem, micro, accum
+
+
+def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_size: int = GPT2_VOCAB,
+                mem_fraction: float = 0.8) -> Optional[str]:
+    """A warning when training `cfg` with `layout` is predicted not to fit a device; None when it fits."""
+    fits, mem, micro, accum = run_memory(cfg, layout, device_mem_bytes, vocab_size=vocab_size,
+                                         mem_fraction=mem_fraction)
     if fits:
         return None
     parts = ", ".join(f"{k} {mem[k] / 1e9:.1f}" for k in ("params", "grads", "optimizer", "activations", "buffers"))

@@ -18,24 +18,25 @@ def test_rank_grid_for_8_ranks():
     assert "TP group: [0, 1]  hosts node0" in text and "DP group: [0, 4]  hosts node[0-1]" in text
 
 
-# Evaluated at step 5 and at the end, over the same 4 held-out blocks on every layout: an
-# evaluation round is micro x dp blocks (ddp: 2 x 1, two rounds; pp: 4 x 1; 3d: 2 x 2).
+# Evaluated at step 5 and at the last, over all 43 held-out blocks on every layout, in rounds of
+# micro x dp blocks (ddp: 2 x 1, pp: 4 x 1, 3d: 2 x 2), the last round padded (#33 item 4).
 COMMON = ["trainer.max_steps=10", "trainer.global_batch_size=24", "model.n_layer=8", "trainer.eval_every=5", *STEPS]
 
 
 def evaluations(run) -> torch.Tensor:
-    assert list(run.evals()) == [5]
-    return torch.tensor([run.evals()[5], run.summary["eval_loss"]])
+    assert list(run.evals()) == [5, 10] and run.summary["eval_loss"] == run.evals()[10]
+    assert run.summary["eval_samples"] == 43
+    return torch.tensor([run.evals()[5], run.evals()[10]])
 
 
 @pytest.fixture(scope="module")
 def single_process(run_zoo):
     """The reference both layouts below must reproduce: one process, micro-batches of 2."""
-    return run_zoo("parallel=ddp", "trainer.micro_batch_size=2", "trainer.eval_batches=2", *COMMON)
+    return run_zoo("parallel=ddp", "trainer.micro_batch_size=2", *COMMON)
 
 
 def test_pp2_matches_pp1_over_10_steps(run_zoo, single_process):
-    run = run_zoo("parallel=pp", "trainer.eval_batches=1", *COMMON)
+    run = run_zoo("parallel=pp", *COMMON)
     assert (run.summary["pp"], run.summary["micro_batch_size"], run.summary["grad_accum"]) == (2, 4, 6)
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(single_process.losses()), rtol=1e-5, atol=0)
     torch.testing.assert_close(evaluations(run), evaluations(single_process), rtol=1e-5, atol=0)
@@ -44,7 +45,7 @@ def test_pp2_matches_pp1_over_10_steps(run_zoo, single_process):
 
 def test_3d_matches_single_process_and_splits_memory(run_zoo, single_process):
     ref = single_process
-    run = run_zoo("parallel=3d", "trainer.eval_batches=1", *COMMON)
+    run = run_zoo("parallel=3d", *COMMON)
     s = run.summary
     assert (s["tp"], s["pp"], s["dp"], s["world_size"], s["micro_batch_size"]) == (2, 2, 2, 8, 2)
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-4, atol=0)

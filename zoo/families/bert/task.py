@@ -34,6 +34,14 @@ class BertTask(AccuracyEvaluation, Task):
         self.batches = MLMBatches(self.samples, self.tokenizer, seed=cfg.trainer.seed,
                                   mlm_probability=cfg.data.mlm_probability)
         self.train_lengths = self.samples.lengths[self.samples.train]
+        if len(self.train_lengths) < cfg.trainer.global_batch_size:  # the length buckets hold whole global batches
+            from zoo.errors import DataError
+
+            source = f"data.path={cfg.data.path}" if cfg.data.path else f"data={cfg.data.name}"
+            raise DataError(f"{source} makes {len(self.train_lengths)} training samples of up to "
+                            f"{self.shape.block_size} tokens, fewer than one global batch "
+                            f"(trainer.global_batch_size={cfg.trainer.global_batch_size}); give more text, or lower "
+                            f"trainer.global_batch_size to at most {len(self.train_lengths)}")
         self.stream = BucketedStream(self.train_lengths, global_batch=cfg.trainer.global_batch_size,
                                      seed=cfg.trainer.seed)
         layout = self.layout
@@ -132,6 +140,9 @@ class BertTask(AccuracyEvaluation, Task):
         """Real (unpadded) tokens of the average training sample."""
         return int(round(float(self.train_lengths.mean())))
 
+    def sample_noun(self) -> str:
+        return f"samples of up to {self.shape.block_size} tokens ({int(self.train_lengths.sum()):,} tokens)"
+
     # -- batches ------------------------------------------------------------------------------
     def collate(self, split: str, indices: np.ndarray) -> Batch:
         numbers = (self.samples.train if split == "train" else self.samples.eval)[indices]
@@ -148,6 +159,9 @@ class BertTask(AccuracyEvaluation, Task):
 
     def num_eval(self) -> int:
         return len(self.samples.eval)
+
+    def num_train(self) -> int:
+        return len(self.train_lengths)
 
     # -- the end of a run ---------------------------------------------------------------------
     def _micro_and_dp(self) -> tuple[int, int]:
@@ -182,8 +196,7 @@ class BertTask(AccuracyEvaluation, Task):
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
         """Masked-token accuracy on the held-out samples the trainer evaluated, the accuracy of
         always predicting the most frequent training token there, and the padding efficiency."""
-        micro, dp = self._micro_and_dp()
-        count = self.eval_rounds(micro, dp) * micro * dp
+        micro, count = self._micro_and_dp()[0], self.eval_samples()
         most_frequent = self._most_frequent_token()
         correct = baseline = total = 0
         for start in range(0, count, micro):

@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
-from zoo.engine import micro_batching
 from zoo.families.task import AccuracyEvaluation, Batch, Task
 from zoo.models.cnn import cnn_shape
 
@@ -60,12 +59,15 @@ class CNNTask(AccuracyEvaluation, Task):
     def num_eval(self) -> int:
         return len(self.data.eval_y)
 
+    def sample_noun(self) -> str:
+        s = self.shape
+        return f"{s.image_size}x{s.image_size} images of {s.num_classes} classes"
+
     @torch.no_grad()
     def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
         """Top-1 accuracy on the held-out images the trainer evaluated (with
         trainer.eval_batches large enough: all of them)."""
-        micro = micro_batching(self.cfg, self.layout)[0]
-        count = self.eval_rounds(micro, self.layout.dp) * micro * self.layout.dp
+        count = self.eval_samples()
         if count == 0:
             return {}
         x, y = self.collate("eval", np.arange(count))
