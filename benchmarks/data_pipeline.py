@@ -14,6 +14,8 @@ import time
 import numpy as np
 import torch
 
+from zoo.families import family_of_shape as spec_of
+
 
 def main() -> None:
     from data_pipelines.corpus import pydoc_documents
@@ -47,10 +49,10 @@ def main() -> None:
                   f"{padding_efficiency(bucketed, lengths):>9.3f} {packed:>7.3f}")
 
     # Training consumption of the default main job (tiny GPT, global batch 32 x 128 tokens).
-    from zoo.build import build_model
     from zoo.models.gpt import gpt_shape
+    from zoo.parallel.build import build_model
 
-    model = build_model(gpt_shape("tiny", 4096), seed=0, device=torch.device("cpu"))
+    model = build_model(spec_of(gpt_shape("tiny", 4096)), gpt_shape("tiny", 4096), seed=0, device=torch.device("cpu"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, 4096, (32, 128))
     model(x, x).backward()

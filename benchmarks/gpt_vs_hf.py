@@ -23,6 +23,8 @@ from statistics import median
 
 import torch
 
+from zoo.families import family_of_shape as spec_of
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -114,12 +116,12 @@ def zoo_step_of(a, shape, x, y, *, compiled: bool):
     zoo's AdamW handed to DeepSpeed, no all-reduce over one replica, model.compile's compile."""
     import deepspeed
 
-    from zoo.build import build_model
     from zoo.engine import optimizers, param_groups, skip_single_replica_allreduce
+    from zoo.parallel.build import build_model
 
-    model = build_model(shape, seed=0, device=torch.device(a.device))
+    model = build_model(spec_of(shape), shape, seed=0, device=torch.device(a.device))
     if compiled:
-        from zoo.model_compile import compile_model
+        from zoo.models.compile import compile_model
 
         compile_model(model)
     groups = param_groups(model, 0.1)

@@ -102,13 +102,13 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     import torch.distributed as dist
 
     from zoo import checkpoint
-    from zoo.build import build
     from zoo.checkpoint.boxes import full_shape
     from zoo.checkpoint.final import write_final
     from zoo.config.schema import Config, ModelConfig
     from zoo.engine import initialize_engine
     from zoo.engine import state as engine_state
-    from zoo.families import model_dims
+    from zoo.families import family, model_dims
+    from zoo.parallel.build import build
     from zoo.parallel.topology import Layout, build_grid, tp_group
 
     tp, pp, dp, zero = LAYOUTS[layout_name]
@@ -122,14 +122,14 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     sampler = Sampler()
     grid = build_grid(layout)
 
-    from zoo.build import ZeroThree
     from zoo.engine import deepspeed_config
+    from zoo.parallel.build import ZeroThree
 
     zero3 = ZeroThree(config=deepspeed_config(cfg, layout), group=grid.get_data_parallel_group(),
                       dtype=torch.float32) if zero == 3 else None
 
     def model(weights=None):
-        return build(shape, layout, seed=0, device=torch.device("cpu"), tp_group=tp_group(grid),
+        return build(family("gpt"), shape, layout, seed=0, device=torch.device("cpu"), tp_group=tp_group(grid),
                      partition_method="parameters", activation_checkpointing=False, zero3=zero3, weights=weights)
 
     def make():
@@ -222,7 +222,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     from zoo.checkpoint.hf import read_hf
 
     _, plain_build, _ = sampler.phase(lambda: model())  # what the model itself takes, to subtract
-    _, with_import, _ = sampler.phase(lambda: model(read_hf(hf, "gpt", cfg.model.vocab_pad_multiple)[1]))
+    _, with_import, _ = sampler.phase(lambda: model(read_hf(hf, family("gpt"), cfg.model.vocab_pad_multiple)[1]))
     row["hf_import"] = max(0, with_import - plain_build)
     row["model_build"] = plain_build  # the model alone, without the engine (ZeRO-3: built partitioned)
     bytes_on_disk = sum(f.stat().st_size for f in saved.glob("shard-*.safetensors")) if rank == 0 else 0

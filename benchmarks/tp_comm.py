@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from zoo.families import family_of_shape as spec_of
 from zoo.worker import leave_process_group
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast")
@@ -40,12 +41,12 @@ def _rank(rank, world, port, a, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from zoo.build import build_model
     from zoo.models.gpt import gpt_shape
+    from zoo.parallel.build import build_model
 
     shape = gpt_shape("tiny", 4096, n_layer=a.layers, n_head=a.heads, n_embd=a.embd, block_size=a.block)
     group = dist.group.WORLD if world > 1 else None
-    model = build_model(shape, seed=0, device=torch.device("cpu"), tp_group=group)
+    model = build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu"), tp_group=group)
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 4096, (a.batch, a.block), generator=g)
     log: list = []

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from zoo.checksums import manifest, mismatch
+from zoo.run.checksums import manifest, mismatch
 
 MARKER = ".complete"
 

@@ -16,7 +16,7 @@ from typing import List, Optional
 import numpy as np
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
-from zoo.errors import DataError
+from zoo.run.errors import DataError
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 from data_pipelines.lm import split_eval
 from data_pipelines.sampler import BucketedBatchSampler
-from zoo.errors import DataError
+from zoo.run.errors import DataError
 
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zoo.errors import DataError
+from zoo.run.errors import DataError
 
 
 class SampleStream:

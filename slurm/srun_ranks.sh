@@ -36,7 +36,7 @@ srun_ranks() {
 
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
     export PYTHONUNBUFFERED=1
-    # zoo.launch takes the master from the allocation's first host and the port from the job
+    # zoo.run.launch takes the master from the allocation's first host and the port from the job
     # id; the address is looked up once here so that N ranks do not each ask slurmctld.
     local hosts
     hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")

@@ -206,7 +206,7 @@ def run_zoo(tmp_path_factory, zoo_cache, run_server):
         argv = cmd or [sys.executable, "-m", module, f"hydra.run.dir={run_dir}", "trainer.progress=false",
                        *overrides]
         # Forked from the preloaded server, and its ranks forked from the run itself, which has
-        # everything imported (zoo.launch); not for another tree's code (cwd, PYTHONPATH): the
+        # everything imported (zoo.run.launch); not for another tree's code (cwd, PYTHONPATH): the
         # server has this checkout's zoo imported.
         if (cmd is None and os.environ.get("ZOO_TEST_FORK", "1") != "0" and Path(cwd) == REPO
                 and "PYTHONPATH" not in (env or {})):

@@ -46,7 +46,7 @@ RUN_RESULTS = ("summary.json", "metrics.jsonl", "model.safetensors", "model.safe
 def _refuse_overwriting(run_dir: str) -> None:
     """A fresh start never writes over an earlier run's checkpoints or results (a run still
     going there is refused by its lock instead, naming it)."""
-    from zoo.rundir_lock import RunDirLock
+    from zoo.run.lock import RunDirLock
 
     if RunDirLock(run_dir).in_use():
         return
@@ -63,7 +63,7 @@ def _refuse_overwriting(run_dir: str) -> None:
 def _refuse_starting_over(run_dir: str) -> None:
     """resume=auto where no checkpoint is: a fresh start, unless the directory holds a finished
     run (its results), which a fresh start would overwrite."""
-    from zoo.rundir_lock import RunDirLock
+    from zoo.run.lock import RunDirLock
 
     path = Path(run_dir)
     if RunDirLock(run_dir).in_use() or any(p.is_dir() for p in (path / "checkpoints").glob("step_*")):
@@ -109,10 +109,10 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     import torch
     from omegaconf.errors import OmegaConfBaseException
 
-    from zoo import launch
     from zoo.config.cli import omegaconf_error_line
-    from zoo.errors import ZooError
-    from zoo.validate import resolve_layout, validate
+    from zoo.config.validate import resolve_layout, validate
+    from zoo.run import launch
+    from zoo.run.errors import ZooError
 
     try:  # read as the ranks will read it: an unknown `+key` or an unresolvable interpolation fails here
         cfg_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
@@ -120,7 +120,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     except OmegaConfBaseException as err:
         _fail(omegaconf_error_line(err), run_dir)
     env = launch.detect()
-    from zoo.quiet import quiet_third_party
+    from zoo.run.quiet import quiet_third_party
 
     quiet_third_party(cfg.verbose)  # the raw-deepspeed-key check imports DeepSpeed here
     try:
@@ -138,8 +138,8 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         _refuse_starting_over(run_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
-        from zoo.plan import device_memory_bytes, fit_warning
         from zoo.plan.dry_run import planned_vocab
+        from zoo.plan.fit import device_memory_bytes, fit_warning
 
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
         try:
@@ -163,7 +163,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         worker_main(cfg_yaml, run_dir)
         return
     os.makedirs(run_dir, exist_ok=True)
-    from zoo.rundir_lock import HELD_ENV, RunDirLock
+    from zoo.run.lock import HELD_ENV, RunDirLock
 
     try:
         lock = RunDirLock(run_dir).acquire()  # this process owns the run: its workers inherit that
@@ -188,8 +188,8 @@ def _dry_run(cfg: Config, layout, env, run_dir: str) -> None:
     import torch
 
     from zoo.families import family
-    from zoo.plan import device_memory_bytes
     from zoo.plan.dry_run import dry_run_lines
+    from zoo.plan.fit import device_memory_bytes
 
     if int(os.environ.get("RANK", "0")) == 0:
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
@@ -205,7 +205,7 @@ def _dry_run(cfg: Config, layout, env, run_dir: str) -> None:
 
 def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
     """Run the layout's ranks on this host: in this process for one rank, else as workers."""
-    from zoo import launch
+    from zoo.run import launch
 
     if layout.world_size == 1:
         from zoo.worker import main as worker_main
@@ -217,7 +217,7 @@ def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from zoo.errors import ZooError
+    from zoo.run.errors import ZooError
 
     try:
         launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s, cfg.verbose,
@@ -316,8 +316,8 @@ def _explicit_run_dir(argv) -> str | None:
 
 
 def main() -> None:
-    from zoo import signals
-    from zoo.rundir import RunDirError, check_writable
+    from zoo.run import signals
+    from zoo.run.directory import RunDirError, check_writable
 
     signals.install()  # before the slow imports: Slurm's warning may come during start-up
     sys.argv[1:] = _dry_run_flag(_debug_alias(_take_local_rank(sys.argv[1:])))

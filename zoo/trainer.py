@@ -1,5 +1,5 @@
 """The training loop of one rank: steps through the DeepSpeed engine on batches the loader
-prepared in the background (`zoo.data_loading`), the monitor's readings every log_every
+prepared in the background (`data_pipelines.loader`), the monitor's readings every log_every
 steps (`zoo.monitor`), held-out evaluation, the consolidated weights and the run summary.
 Everything that differs between model families is the family's (`zoo.families`).
 """
@@ -14,23 +14,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zoo import checkpoint, signals
+from data_pipelines.loader import StepLoader
+from zoo import checkpoint
 from zoo.checkpoint.consolidate import consolidated_state_dict
 from zoo.checkpoint.final import write_final
 from zoo.checkpoint.weights import load_plain
 from zoo.config.schema import Config
-from zoo.data_loading import StepLoader
 from zoo.engine import initialize_engine, micro_batching
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
 from zoo.families import family
 from zoo.families.task import Task
-from zoo.model_compile import compile_seconds
+from zoo.models.compile import compile_seconds
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
 from zoo.parallel.topology import Layout
-from zoo.quiet import held_stdout
+from zoo.run import signals
+from zoo.run.quiet import held_stdout
 
 DIVERGED_EXIT_CODE = 3  # the loss stayed non-finite
 
@@ -212,7 +213,7 @@ class Trainer:
             self.profile.abort()
             if snapshot is None:
                 raise
-            from zoo.errors import ZooError
+            from zoo.run.errors import ZooError
 
             raise ZooError(f"out of memory at step {self.step + 1} inside the trainer.profile window; the "
                            f"allocator's history is in {snapshot} (open it at pytorch.org/memory_viz)") from None

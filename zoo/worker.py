@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from zoo.config.schema import Config, config_from_yaml
-from zoo.errors import USER_ERROR_EXIT_CODE, RunDirError, ZooError
 from zoo.parallel.topology import Layout, build_grid, describe_grid
+from zoo.run.errors import USER_ERROR_EXIT_CODE, RunDirError, ZooError
 
 
 def _device(local_rank: int) -> torch.device:
@@ -98,7 +98,7 @@ def show_topology(layout: Layout, rank: int, device: torch.device, verbose: bool
 
 def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.device, rank: int) -> None:
     """trainer.micro_batch_size=auto: measure, and set the micro-batch this run will use."""
-    from zoo.batch_finder import describe, find_micro_batch_size
+    from zoo.plan.batch_finder import describe, find_micro_batch_size
 
     best, trials, budget = find_micro_batch_size(cfg, layout, grid, task, device)
     cfg.trainer.micro_batch_size = best
@@ -108,8 +108,8 @@ def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.dev
 
 def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     """Run one rank of a training job."""
-    from zoo import signals
     from zoo.observe.startup import StartupClock
+    from zoo.run import signals
 
     clock = StartupClock()
     clock.mark("ranks")
@@ -121,7 +121,7 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     if threads:
         torch.set_num_threads(threads)
     cfg = config_from_yaml(cfg_yaml)
-    from zoo.quiet import quiet_third_party
+    from zoo.run.quiet import quiet_third_party
 
     quiet_third_party(cfg.verbose, int(os.environ.get("RANK", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -184,7 +184,7 @@ def report_failure(err: BaseException, lost: bool) -> None:
 
 def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device, clock) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    from zoo.validate import resolve_layout
+    from zoo.config.validate import resolve_layout
 
     layout, _ = resolve_layout(cfg, world)
     run_path = agree_run_dir(run_dir)
@@ -206,7 +206,7 @@ def remove_new_entries(run_path: Path, found: set) -> None:
     """A start refused before training leaves the run directory as it found it: what this
     start wrote there (config.yaml, topology.txt, tokenizer/, ...) is removed; what was
     there before (a resumed run's checkpoints and results) is never touched."""
-    from zoo.rundir_lock import LOCK_NAME
+    from zoo.run.lock import LOCK_NAME
 
     for name in set(os.listdir(run_path)) - found - {LOCK_NAME}:
         path = run_path / name
@@ -219,7 +219,7 @@ def remove_new_entries(run_path: Path, found: set) -> None:
 def _lock_run_dir(run_path: Path, rank: int):
     """Under torchrun, the deepspeed launcher or srun rank 0 owns the run and locks its
     directory (the local launcher's parent already holds it); every rank stops if it is taken."""
-    from zoo.rundir_lock import HELD_ENV, RunDirLock
+    from zoo.run.lock import HELD_ENV, RunDirLock
 
     lock, problem = None, [None]
     if rank == 0 and not os.environ.get(HELD_ENV):
@@ -239,7 +239,7 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     (zoo.observe.startup) the start's phases."""
     rank = dist.get_rank()
     topology, hosts, devices = show_topology(layout, rank, device, cfg.verbose)
-    from zoo.quiet import held_stdout
+    from zoo.run.quiet import held_stdout
 
     with held_stdout(cfg.verbose):  # DeepSpeed's `Using topology: ...`
         grid = build_grid(layout)
@@ -247,14 +247,14 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     from zoo.families import family
     from zoo.trainer import Trainer
 
-    task = family(cfg.model.family).task(cfg, device, layout)
+    task = family(cfg.model.family).new_task(cfg, device, layout)
     task.prepare(run_path, rank)  # cached; the first rank to take the cache lock builds
     if rank == 0:
         print(f"zoo: {task.data_line()}", flush=True)
     dist.barrier()
     clock.mark("data")
     from zoo.engine import native as native_checkpoint
-    from zoo.rundir import check_space, expected_bytes
+    from zoo.run.directory import check_space, expected_bytes
 
     problem = [None]
     if rank == 0:

@@ -13,10 +13,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from zoo.config.schema import register_configs
 from zoo.worker import init_distributed, leave_process_group
-from zoo.validate import resolve_layout
+from zoo.config.validate import resolve_layout
 from zoo.parallel.topology import build_grid
 from zoo.families import family
-from zoo import batch_finder
+from zoo.plan import batch_finder
 
 conf, run_dir, port = sys.argv[1:4]
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
@@ -27,7 +27,7 @@ with initialize_config_dir(config_dir=conf, version_base=None):
 init_distributed(cfg)
 layout, _ = resolve_layout(cfg, 1)
 grid = build_grid(layout)
-task = family("gpt").task(cfg, torch.device("cpu"), layout)
+task = family("gpt").new_task(cfg, torch.device("cpu"), layout)
 task.prepare(Path(run_dir), 0)
 fed, losses = [], []
 micro_batch = task.micro_batch

@@ -36,7 +36,7 @@ def wait_for_training(run_dir: Path, proc: subprocess.Popen, steps: int = 2) -> 
 
 
 def workers(proc: subprocess.Popen) -> list:
-    """The rank processes: spawned (CUDA machines), or forked by the forkserver (zoo.launch)."""
+    """The rank processes: spawned (CUDA machines), or forked by the forkserver (zoo.run.launch)."""
     found = []
     for c in psutil.Process(proc.pid).children(recursive=True):
         parent = c.parent()

@@ -106,7 +106,7 @@ def test_image_folder_source(run_zoo, tmp_path):
     """A folder of class sub-directories; with data.eval_path a second one is the held-out
     split (all of it evaluated), and a held-out class the training folder lacks is refused."""
     from data_pipelines.images import load_image_folder
-    from zoo.errors import DataError
+    from zoo.run.errors import DataError
 
     for i, (image, label) in enumerate(_digit_images(160)):
         root = tmp_path / ("images" if i < 120 else "held") / str(label)

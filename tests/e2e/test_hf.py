@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from tests.conftest import REPO
 from tests.e2e.conftest import HF_FAST as FAST
 from zoo.checkpoint.final import load_run_weights
+from zoo.families import family_of_shape as spec_of
 
 
 def export(src, out, *flags):
@@ -114,8 +115,8 @@ def test_export_errors_are_one_line(tmp_path, flags, says):
 def test_bert_export_then_transformers_logits_match(run_zoo, tmp_path):
     from transformers import AutoTokenizer, BertForMaskedLM
 
-    from zoo.build import build_model
     from zoo.models.bert import BertShape
+    from zoo.parallel.build import build_model
     from zoo.trainer import load_plain
 
     run = run_zoo("model=bert", "debug=fast", "parallel=tp", "trainer.max_steps=2", "checkpoint.every=2")
@@ -123,7 +124,7 @@ def test_bert_export_then_transformers_logits_match(run_zoo, tmp_path):
     hf = BertForMaskedLM.from_pretrained(str(out)).eval()
     tok = AutoTokenizer.from_pretrained(str(out))
     meta = json.loads((run.run_dir / "checkpoints" / "step_0000002" / "state.json").read_text())["shape"]
-    ours = build_model(BertShape(**meta, pad_token_id=tok.pad_token_id), seed=0, device=torch.device("cpu")).eval()
+    ours = build_model(spec_of(BertShape(**meta, pad_token_id=tok.pad_token_id)), BertShape(**meta, pad_token_id=tok.pad_token_id), seed=0, device=torch.device("cpu")).eval()
     load_plain(ours, load_run_weights(run.run_dir))
     enc = tok("the for statement is used to iterate", "over the elements of a sequence", return_tensors="pt")
     with torch.no_grad():

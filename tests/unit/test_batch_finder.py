@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from zoo.batch_finder import BatchFinderError, candidates, describe, search
 from zoo.config.schema import Config, ModelConfig
 from zoo.parallel.topology import Layout
-from zoo.plan import fit_warning
+from zoo.plan.batch_finder import BatchFinderError, candidates, describe, search
+from zoo.plan.fit import fit_warning
 
 
 def recording(peak):

@@ -1,4 +1,4 @@
-"""ZeRO-3 built partitioned (zoo.build.materialise_partitioned): piece by piece, each piece
+"""ZeRO-3 built partitioned (zoo.parallel.build.materialise_partitioned): piece by piece, each piece
 partitioned over the data-parallel group before the next is allocated; the weights are the
 layout-free initialisation's, equal to one process's whole model, for every family."""
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from tests.unit.parallel._dist import run_ranks
+from zoo.families import family_of_shape as spec_of
 
 
 def _shape(kind: str):
@@ -39,14 +40,14 @@ def _check(kind: str, world: int) -> None:
     import deepspeed
     import torch.distributed as dist
 
-    from zoo.build import ZeroThree, build_model
     from zoo.engine.state import is_zero3
+    from zoo.parallel.build import ZeroThree, build_model
 
     shape = _shape(kind)
     config = {"train_batch_size": world, "zero_optimization": {"stage": 3}}
     zero3 = ZeroThree(config=config, group=dist.group.WORLD, dtype=torch.float32)
-    parted = build_model(shape, seed=7, device=torch.device("cpu"), zero3=zero3)
-    whole = build_model(shape, seed=7, device=torch.device("cpu"))
+    parted = build_model(spec_of(shape), shape, seed=7, device=torch.device("cpu"), zero3=zero3)
+    whole = build_model(spec_of(shape), shape, seed=7, device=torch.device("cpu"))
     params = dict(parted.named_parameters())
     assert params and all(is_zero3(p) for p in params.values())
     assert sum(p.ds_tensor.numel() for p in params.values()) <= sum(p.numel() for p in whole.parameters()) / world + 64

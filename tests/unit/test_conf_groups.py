@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO
 from zoo.config.schema import SECTIONS, Config, register_configs
+from zoo.config.validate import ConfigError, resolve_layout, validate
 from zoo.plan.schema import ClusterConfig
-from zoo.validate import ConfigError, resolve_layout, validate
 
 CONF = REPO / "conf"
 GLOBAL = "# @package _global_"

@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO
 from zoo.config.schema import Config, ModelConfig, register_configs
+from zoo.config.validate import ConfigError, resolve_layout, validate
 from zoo.engine import deepspeed_config
 from zoo.parallel.topology import Layout
-from zoo.validate import ConfigError, resolve_layout, validate
 
 CONF = REPO / "conf"
 register_configs()
@@ -221,7 +221,7 @@ def test_init_from_is_checked_with_the_imported_models_dimensions(tmp_path):
 
 
 def test_init_from_memory_warning_uses_the_imported_model(tmp_path):
-    from zoo.plan import fit_warning
+    from zoo.plan.fit import fit_warning
 
     xl = _hf_dir(tmp_path / "gpt2_xl", **{**GPT2_SMALL, "n_layer": 48, "n_head": 25, "n_embd": 1600})
     tiny = composed("parallel=ddp", "trainer.micro_batch_size=1")

@@ -12,7 +12,7 @@ import pytest
 import zoo.config.schema as schema
 from tests.unit.test_config import check, composed
 from zoo.config.ranges import RANGES, numeric_keys
-from zoo.errors import ConfigError
+from zoo.run.errors import ConfigError
 
 SECTIONS = {"model": schema.ModelConfig, "parallel": schema.ParallelConfig, "data": schema.DataConfig,
             "optim": schema.OptimConfig, "precision": schema.PrecisionConfig, "trainer": schema.TrainerConfig,

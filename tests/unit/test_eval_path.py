@@ -5,8 +5,8 @@ import pytest
 
 from tests.unit.test_config import composed
 from zoo.config.paths import check_paths
-from zoo.errors import ConfigError
 from zoo.families import family
+from zoo.run.errors import ConfigError
 
 
 def _prepared(root, tokenizer_json: str):

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from tests.unit.test_config import check, composed
-from zoo.build import build_model
-from zoo.model_compile import c_compiler
-from zoo.validate import ConfigError
+from zoo.config.validate import ConfigError
+from zoo.families import family_of_shape as spec_of
+from zoo.models.compile import c_compiler
+from zoo.parallel.build import build_model
 
 
 def _shape(family: str):
@@ -17,7 +18,7 @@ def _shape(family: str):
 
 
 def test_the_compile_clock_counts_the_lazy_compilation():
-    from zoo.model_compile import compile_model, compile_seconds
+    from zoo.models.compile import compile_model, compile_seconds
 
     class Tiny(torch.nn.Module):  # defined here: dynamo skips torch.nn's own modules' code
         def __init__(self):
@@ -37,9 +38,9 @@ def test_the_compile_clock_counts_the_lazy_compilation():
 
 
 def test_compiling_keeps_the_parameter_names():
-    from zoo.model_compile import compile_model
+    from zoo.models.compile import compile_model
 
-    model = build_model(_shape("gpt"), seed=0, device=torch.device("cpu"))
+    model = build_model(spec_of(_shape("gpt")), _shape("gpt"), seed=0, device=torch.device("cpu"))
     before = list(model.state_dict()), [n for n, _ in model.named_parameters()]
     assert compile_model(model) == 1
     assert (list(model.state_dict()), [n for n, _ in model.named_parameters()]) == before

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from data_pipelines.loader import StepLoader
 from data_pipelines.schedule import micro_batch_start
-from zoo.data_loading import StepLoader
 from zoo.observe.comm_timer import CommTimer
 from zoo.observe.flops import forward_flops, transformer_flops_per_token
 from zoo.observe.monitor import Diagnoses, diagnose

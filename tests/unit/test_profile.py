@@ -103,7 +103,7 @@ def _cfg(*overrides):
 def test_profile_settings_that_cannot_work_are_refused_with_the_fix(tmp_path):
     from zoo.config.paths import _writable
     from zoo.config.ranges import check_ranges
-    from zoo.errors import ConfigError
+    from zoo.run.errors import ConfigError
 
     cfg = _cfg("trainer.max_steps=10", "trainer.profile.start=9", "trainer.profile.steps=3")
     with pytest.raises(ConfigError, match=r"profiles steps 9-11, beyond trainer.max_steps=10: set "
@@ -126,8 +126,8 @@ def test_profile_settings_that_cannot_work_are_refused_with_the_fix(tmp_path):
 
 
 def test_memory_profiling_without_cuda_is_a_warning():
+    from zoo.config.validate import validate
     from zoo.parallel.topology import Layout
-    from zoo.validate import validate
 
     warnings = validate(_cfg("trainer.profile.start=2", "trainer.profile.memory=true"), Layout(1, 1, 1, 0),
                         cuda_available=False)

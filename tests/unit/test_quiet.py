@@ -1,10 +1,10 @@
-"""The quiet console's switches (zoo.quiet): DeepSpeed's logger keeps only errors unless
+"""The quiet console's switches (zoo.run.quiet): DeepSpeed's logger keeps only errors unless
 verbose, third-party prints during set-up are held."""
 from __future__ import annotations
 
 import logging
 
-from zoo.quiet import DEEPSPEED_LOGGER, held_stdout, quiet_third_party
+from zoo.run.quiet import DEEPSPEED_LOGGER, held_stdout, quiet_third_party
 
 
 def _passes(level: int) -> bool:

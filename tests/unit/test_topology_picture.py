@@ -60,7 +60,7 @@ def test_the_planner_draws_its_recommendation(tmp_path):
 
 
 def test_a_launcher_that_places_fewer_ranks_on_a_node_than_tp_is_warned_about():
-    from zoo.launch import ranks_per_node, tp_placement_warning
+    from zoo.run.launch import ranks_per_node, tp_placement_warning
 
     assert ranks_per_node({"LOCAL_WORLD_SIZE": "4"}) == 4 and ranks_per_node({}) is None
     assert ranks_per_node({"SLURM_TASKS_PER_NODE": "4(x2)"}) == 4

@@ -13,7 +13,7 @@ from zoo.checkpoint.layout_free import (
     resolve,
     save,
 )
-from zoo.errors import CheckpointError
+from zoo.run.errors import CheckpointError
 
 __all__ = ["FORMAT", "CheckpointError", "PendingSave", "check_compatible", "finish", "load", "read_state", "resolve",
            "save"]

@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from zoo.engine.state import gathered
-from zoo.errors import CheckpointError
 from zoo.parallel.names import plain_name
 from zoo.parallel.sharding import gather_full, local_shard
+from zoo.run.errors import CheckpointError
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 from zoo.engine.config import TORCH_DTYPES as DTYPES
-from zoo.errors import ZooError
+from zoo.run.errors import ZooError
 
 Source = Dict[str, Tuple[Tuple[int, ...], Callable[[], torch.Tensor]]]  # name -> (shape, read it)
 

@@ -12,9 +12,9 @@ import torch
 
 from zoo.checkpoint.sharded import unique_params
 from zoo.engine import state as engine_state
-from zoo.errors import CheckpointError
 from zoo.parallel.names import plain_name
 from zoo.parallel.sharding import local_shard
+from zoo.run.errors import CheckpointError
 
 FORMAT = "zoo-checkpoint-1"
 

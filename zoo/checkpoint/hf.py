@@ -10,23 +10,25 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from zoo.errors import ConfigError
+from zoo.run.errors import ConfigError
 
 State = Dict[str, torch.Tensor]
 
 
-def family_of_hf(directory: str | Path):
-    """The spec of the family whose converter imports this directory's `model_type`."""
-    from zoo.families import FAMILIES
-
-    directory = Path(directory)
+def _model_type(directory: Path):
     if not (directory / "config.json").exists():
         raise ConfigError(f"model.init_from={directory}: no config.json there; give a local transformers directory")
-    model_type = json.loads((directory / "config.json").read_text()).get("model_type")
-    for spec in FAMILIES.values():
+    return json.loads((directory / "config.json").read_text()).get("model_type")
+
+
+def family_of_hf(directory: str | Path, specs):
+    """Of `specs` (the families' specs: the caller's registry), the one whose converter
+    imports this directory's `model_type`."""
+    model_type = _model_type(Path(directory))
+    for spec in specs:
         if spec.hf is not None and model_type in spec.hf.model_types:
             return spec
-    known = sorted(t for spec in FAMILIES.values() if spec.hf for t in spec.hf.model_types)
+    known = sorted(t for spec in specs if spec.hf for t in spec.hf.model_types)
     raise ConfigError(f"model.init_from={directory}: model_type {model_type!r} is not supported; the zoo imports {known}")
 
 
@@ -41,21 +43,23 @@ def padded_meta(spec, meta: dict, multiple: int | None) -> dict:
     return {**meta, "vocab_size": -(-vocab // multiple) * multiple, "vocab_real": vocab}
 
 
-def hf_meta(directory: str | Path, pad_multiple: int | None = None):
-    """(family spec, model shape fields) from a transformers directory's config.json alone;
-    with `pad_multiple`, the vocabulary as the import pads it."""
-    spec = family_of_hf(directory)
+def hf_meta(directory: str | Path, spec, pad_multiple: int | None = None) -> dict:
+    """The model shape fields of family `spec` from a transformers directory's config.json
+    alone; with `pad_multiple`, the vocabulary as the import pads it."""
+    model_type = _model_type(Path(directory))
+    if spec.hf is None or model_type not in spec.hf.model_types:
+        raise ConfigError(f"model.init_from={directory} holds model_type {model_type!r}, which model.family="
+                          f"{spec.name} does not import" + (f" (it imports {list(spec.hf.model_types)})" if spec.hf
+                                                            else ""))
     meta = spec.hf.meta_from_config(json.loads((Path(directory) / "config.json").read_text()))
-    return spec, padded_meta(spec, meta, pad_multiple)
+    return padded_meta(spec, meta, pad_multiple)
 
 
-def read_hf(directory: str | Path, family: str, pad_multiple: int | None = None) -> Tuple[dict, "HFWeights"]:
+def read_hf(directory: str | Path, spec, pad_multiple: int | None = None) -> Tuple[dict, "HFWeights"]:
     """(model shape fields, its weights to read slice by slice) of a local transformers directory
-    holding a `family` model; with `pad_multiple`, its per-token tensors padded with zero rows
-    (padded_meta)."""
-    spec, meta = hf_meta(directory, pad_multiple)
-    if spec.name != family:
-        raise ConfigError(f"model.init_from={directory} holds a {spec.name} model, not a {family}")
+    holding a model of family `spec`; with `pad_multiple`, its per-token tensors padded with
+    zero rows (padded_meta)."""
+    meta = hf_meta(directory, spec, pad_multiple)
     return meta, HFWeights(Path(directory), spec, meta)
 
 
@@ -105,7 +109,7 @@ class HFWeights:
     def fill(self, name: str, target: torch.Tensor) -> None:
         """Fill `target` (a parameter or buffer, tagged `tp_shard` where sharded) with its values."""
         from zoo.checkpoint.boxes import full_shape, to_full
-        from zoo.errors import CheckpointError
+        from zoo.run.errors import CheckpointError
 
         key = self.key(name)
         if key is None:

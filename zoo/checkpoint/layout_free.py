@@ -37,7 +37,7 @@ from zoo.checkpoint import format1, sharded
 from zoo.checkpoint.verify import damage, newest_intact, write_checksums
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
-from zoo.errors import CheckpointError
+from zoo.run.errors import CheckpointError
 
 FORMAT = "zoo-checkpoint-2"
 FORMATS = (format1.FORMAT, FORMAT)  # what a resume reads

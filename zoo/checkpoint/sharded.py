@@ -37,8 +37,8 @@ import torch.nn as nn
 from zoo.checkpoint.boxes import Box, flat_boxes, full_shape, intersect, slices, to_full
 from zoo.checkpoint.stream_write import DTYPES, StreamWriter
 from zoo.engine import state as engine_state
-from zoo.errors import CheckpointError
 from zoo.parallel.names import plain_name
+from zoo.run.errors import CheckpointError
 
 MODEL = "model"  # the fp32 master weights (and buffers); optimizer states go under their own key
 
@@ -226,7 +226,7 @@ class ShardWrite:
         self.staged = None  # the staged copies go once written
         text = json.dumps({"file": self.shard, "entries": index}, separators=(",", ":"))
         (self.directory / self.index_name).write_text(text)
-        from zoo.checksums import digest
+        from zoo.run.checksums import digest
 
         written[self.index_name] = {"bytes": len(text.encode()), "xxh3_64": digest(self.directory / self.index_name)}
         return written

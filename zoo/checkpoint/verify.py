@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from zoo.checksums import manifest, mismatch
-from zoo.errors import CheckpointError
+from zoo.run.checksums import manifest, mismatch
+from zoo.run.errors import CheckpointError
 
 CHECKSUMS = "checksums.json"
 

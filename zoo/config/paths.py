@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zoo.errors import ConfigError, DataError
+from zoo.run.errors import ConfigError, DataError
 
 
 def _local(path: str) -> bool:

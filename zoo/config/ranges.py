@@ -1,12 +1,12 @@
 """The range of every numeric key of the training schema (zoo.config.schema), as data.
 
-`check_ranges` runs first in the validation pass (zoo.validate.resolve_layout), before any
+`check_ranges` runs first in the validation pass (zoo.config.validate.resolve_layout), before any
 process starts, so nonsense that torch or DeepSpeed would only trip over on the ranks
 (a dropout of 1.5, betas above 1, a negative epsilon) is refused in one line naming the
 key, the value, the range and what the value means. Each key's docstring in the schema
 states the same range (tests/unit/test_config_ranges.py holds the two together, and fails
 for a numeric key without a range). Rules across keys (divisibility, layout, batches) stay
-in zoo.validate and the families' checks.
+in zoo.config.validate and the families' checks.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from zoo.errors import ConfigError
+from zoo.run.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def message(key: str, value: Any) -> str:
 
 def check_ranges(cfg) -> None:
     """Raise ConfigError for the first key whose value is outside its range (None passes for
-    the optional keys; `auto` for the micro-batch, whose other rules zoo.validate checks)."""
+    the optional keys; `auto` for the micro-batch, whose other rules zoo.config.validate checks)."""
     for key, r in RANGES.items():
         value = _value(cfg, key)
         if value is None or (key == "trainer.micro_batch_size" and value == "auto"):

@@ -2,7 +2,7 @@
 
 Hydra composes `conf/` on top of these dataclasses, so a misspelled key or a value of
 the wrong type fails at composition time, naming the key. Cross-key rules (divisibility,
-layout against world size, ...) live in `zoo.validate`, which runs once before any
+layout against world size, ...) live in `zoo.config.validate`, which runs once before any
 process group exists.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ModelConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
     compile: bool = False
-    """torch.compile the model (zoo.model_compile): the whole model, or under pp each layer's module.
+    """torch.compile the model (zoo.models.compile): the whole model, or under pp each layer's module.
     The compile time is logged and in summary.json (`compile_s`), not counted in tokens/s.
     Inductor needs a C++ compiler on CPU (Triton on GPU)."""
     init_from: Optional[str] = None
@@ -231,7 +231,7 @@ class TrainerConfig:
     """Samples per optimizer step, across all data-parallel replicas. Range: positive."""
     micro_batch_size: Any = 8
     """Samples per forward/backward on one rank; accumulation is derived. `auto` (CUDA): the
-    largest that keeps measured peak memory within 80% of the device (zoo/batch_finder.py).
+    largest that keeps measured peak memory within 80% of the device (zoo/plan/batch_finder.py).
     Typed Any only because OmegaConf has no int-or-"auto" type: validation checks it. Range: positive."""
     seed: int = 1234
     """Seed for init, data order and dropout. Range: in [0, 4294967296)."""

@@ -31,7 +31,7 @@ class LayerListPipelineModule(PipelineModule):
                 for layer in meta.pipeline_layers()]
 
     def _find_layer_type(self, layername):
-        from zoo.errors import ConfigError
+        from zoo.run.errors import ConfigError
 
         names = self.layer_names()
         found = [i for i, name in enumerate(names) if re.search(layername, name, re.IGNORECASE)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from zoo.errors import ConfigError
+from zoo.run.errors import ConfigError
 
 OWNED = {  # raw key: the zoo key that sets it
     "train_batch_size": "trainer.global_batch_size",

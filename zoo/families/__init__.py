@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Dict
 
-from zoo.errors import ConfigError
 from zoo.families import bert, cnn, gpt, llama
 from zoo.families.spec import FamilySpec
+from zoo.run.errors import ConfigError
 
 FAMILIES: Dict[str, FamilySpec] = {spec.name: spec for spec in (gpt.SPEC, llama.SPEC, bert.SPEC, cnn.SPEC)}
 

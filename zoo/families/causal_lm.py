@@ -22,12 +22,6 @@ PROMPT_TOKENS = 8  # the default prompt: this many tokens from the start of the 
 
 
 class CausalLMTask(Task):
-    @property
-    def spec(self):
-        from zoo.families import family
-
-        return family(self.cfg.model.family)
-
     def _shape(self, meta=None):
         """The model's shape: the imported model's (its config.json's fields), else the config's
         with the tokenizer's vocabulary padded."""
@@ -73,7 +67,7 @@ class CausalLMTask(Task):
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.checkpoint.hf import read_hf
 
-            meta, self.init_state = read_hf(cfg.model.init_from, cfg.model.family, cfg.model.vocab_pad_multiple)
+            meta, self.init_state = read_hf(cfg.model.init_from, self.spec, cfg.model.vocab_pad_multiple)
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
@@ -88,7 +82,7 @@ class CausalLMTask(Task):
         if cfg.data.eval_path:  # a held-out source of its own: all of its blocks are the eval split
             from data_pipelines.lm import PackedBlocks
             from data_pipelines.text_sources import as_eval_path_error, read_source
-            from zoo.errors import DataError
+            from zoo.run.errors import DataError
 
             try:
                 held = read_source("hub" if cfg.data.name == "hub" else "files", cfg.data.eval_path,
@@ -103,7 +97,7 @@ class CausalLMTask(Task):
         if meta is not None:
             own = meta.get("vocab_real") or meta["vocab_size"]
             if len(self.tokenizer) > own:
-                from zoo.errors import ConfigError
+                from zoo.run.errors import ConfigError
 
                 raise ConfigError(f"the tokenizer has {len(self.tokenizer)} tokens and model.init_from="
                                   f"{cfg.model.init_from} a vocabulary of {own}; give data.tokenizer= (or "

@@ -92,6 +92,11 @@ class FamilySpec:
     planner: Optional[Callable[[Any, int], Any]] = None
     """(model config, tokenizer vocabulary) -> `zoo.plan.families.ModelDesc`; None: not planned."""
 
+    def new_task(self, cfg, device, layout):
+        """Its task for this run (`task` given the spec, so the family's code never looks a
+        family up in the registry)."""
+        return self.task(self, cfg, device, layout)
+
     def plan(self, shape):
         """The tensor-parallel plan that splits a model of `shape`."""
         return self.tp_plan_of(shape) if self.tp_plan_of is not None else self.tp_plan

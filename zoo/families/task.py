@@ -29,7 +29,8 @@ class Task:
 
     family = ""
 
-    def __init__(self, cfg: Config, device: torch.device, layout: Layout):
+    def __init__(self, spec, cfg: Config, device: torch.device, layout: Layout):
+        self.spec = spec  # the family's FamilySpec (it made this task: FamilySpec.new_task)
         self.cfg, self.device, self.layout = cfg, device, layout
         self.stream: SampleStream | None = None
         self.shape = None  # the model's resolved dimensions: set by prepare()
@@ -42,7 +43,7 @@ class Task:
         raise NotImplementedError
 
     def build_options(self, grid) -> dict:
-        """How this rank builds its model (zoo.build.build): the groups and options it needs."""
+        """How this rank builds its model (zoo.parallel.build.build): the groups and options it needs."""
         cfg = self.cfg
         return dict(seed=cfg.trainer.seed, device=self.device, tp_group=tp_group(grid),
                     sequence_parallel=cfg.parallel.sequence_parallel, partition_method=cfg.parallel.partition_method,
@@ -50,8 +51,8 @@ class Task:
 
     def build_model(self, grid) -> nn.Module:
         """This rank's model: plain and tensor-parallel, or this stage's PipelineModule; under
-        ZeRO-3 built partitioned, piece by piece (zoo.build.materialise_partitioned)."""
-        from zoo.build import ZeroThree, build
+        ZeRO-3 built partitioned, piece by piece (zoo.parallel.build.materialise_partitioned)."""
+        from zoo.parallel.build import ZeroThree, build
 
         options = self.build_options(grid)
         if self.layout.zero_stage == 3:
@@ -61,23 +62,21 @@ class Task:
             options["zero3"] = ZeroThree(config=deepspeed_config(self.cfg, self.layout),
                                          group=grid.get_data_parallel_group(),
                                          dtype=TORCH_DTYPES[self.cfg.precision.dtype])
-        model = build(self.shape, self.layout, weights=self.init_state, **options)
+        model = build(self.spec, self.shape, self.layout, weights=self.init_state, **options)
         if self.cfg.model.compile:
-            from zoo.model_compile import compile_model
+            from zoo.models.compile import compile_model
 
             compile_model(model)
         return model
 
     def plain_model(self) -> nn.Module:
         """The single-device model (CPU), for loading consolidated weights."""
-        from zoo.families import family_of_shape
-
-        return family_of_shape(self.shape).model(self.shape)
+        return self.spec.model(self.shape)
 
     def num_params(self) -> int:
-        from zoo.build import count_parameters
+        from zoo.parallel.build import count_parameters
 
-        return count_parameters(self.shape)
+        return count_parameters(self.spec, self.shape)
 
     def model_meta(self) -> dict:
         """What a checkpoint must match to load into this model (family dimensions)."""
@@ -138,7 +137,7 @@ class Task:
     def check_eval_split(self) -> Optional[str]:
         """Refuse (DataError) an empty held-out split where the run evaluates: it would end
         without an evaluation. Returns a warning when it holds fewer samples than asked."""
-        from zoo.errors import DataError
+        from zoo.run.errors import DataError
 
         t, held = self.cfg.trainer, self.num_eval()
         if t.eval_batches == 0:

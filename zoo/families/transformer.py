@@ -7,8 +7,8 @@ import dataclasses
 from typing import List, Optional, Tuple
 
 from zoo.config.schema import Config, ModelConfig
-from zoo.errors import ConfigError
 from zoo.parallel.topology import Layout
+from zoo.run.errors import ConfigError
 
 # Used for checks before the tokenizer is known; any multiple of the pad size.
 PLACEHOLDER_VOCAB = 128
@@ -48,12 +48,10 @@ def imported_dims(spec, m: ModelConfig):
     """The shape of the transformers model that model.init_from names (its config.json)."""
     from zoo.checkpoint.hf import hf_meta
 
-    try:
-        found, meta = hf_meta(m.init_from, m.vocab_pad_multiple)
+    try:  # validation named the family the directory holds before (zoo.config.validate)
+        meta = hf_meta(m.init_from, spec, m.vocab_pad_multiple)
     except KeyError as err:
         raise ConfigError(f"model.init_from={m.init_from}: its config.json has no {err}") from None
-    _require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
-                                     f"model.family={m.family}; use model={found.name}")
     return spec.shape_type(**meta)
 
 

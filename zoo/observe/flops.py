@@ -43,9 +43,7 @@ def forward_flops(model: torch.nn.Module, sample: torch.Tensor) -> float:
 def model_flops_per_sample(task) -> tuple[Optional[float], str]:
     """(training FLOPs, forward + backward, of one sample; how they were counted), as the
     task's family counts them (`FamilySpec.flops_per_sample`)."""
-    from zoo.families import family
-
-    return family(task.cfg.model.family).flops_per_sample(task)
+    return task.spec.flops_per_sample(task)
 
 
 def counted_flops_per_sample(task) -> tuple[Optional[float], str]:

@@ -77,7 +77,7 @@ class ProfileWindow:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.memory:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
-        from zoo.quiet import filtered_stderr
+        from zoo.run.quiet import filtered_stderr
 
         self._quiet.enter_context(filtered_stderr(PROFILER_NOISE, self.verbose))
         self.prof = torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True,

@@ -84,7 +84,7 @@ def unplanned_family(argv) -> str | None:
 
 
 def main() -> None:
-    from zoo.quiet import quiet_third_party
+    from zoo.run.quiet import quiet_third_party
 
     problem = unplanned_family(sys.argv[1:])
     if problem:

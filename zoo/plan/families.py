@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
-from zoo.config.schema import ModelConfig
-
 
 @dataclass(frozen=True)
 class ParamCount:
@@ -121,17 +119,3 @@ def gpt_layer_activations(h: int, n_head: int, seq: int, ffn: int, *, dropout: b
                        sp_elems=4 * h,
                        tp_bytes=scores if dropout else 0,
                        sp_bytes=2 * h if dropout else 0)
-
-
-def describe_model(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
-    """The planner's description of `cfg` (its family's `FamilySpec.planner`); `vocab_size`
-    is the tokenizer's, for families that have one."""
-    from zoo.errors import ConfigError
-    from zoo.families import FAMILIES, family
-
-    spec = family(cfg.family)
-    if spec.planner is None:
-        planned = sorted(name for name, s in FAMILIES.items() if s.planner is not None)
-        raise ConfigError(f"model.family={cfg.family!r} has no planner description; the planner knows {planned} "
-                          f"(a family plugs in with FamilySpec.planner)")
-    return spec.planner(cfg, vocab_size)

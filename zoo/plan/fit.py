@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 from zoo.config.schema import Config, ModelConfig
-from zoo.plan.families import describe_model
+from zoo.plan.describe import describe_model
 from zoo.plan.layout import PlanLayout
 from zoo.plan.memory import layout_memory
 
@@ -55,8 +55,9 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
     model = cfg.model
     if model.init_from:  # the imported model's dimensions (validation has read its config.json)
         from zoo.checkpoint.hf import hf_meta
+        from zoo.families import family
 
-        _, meta = hf_meta(model.init_from, model.vocab_pad_multiple)  # padded as the import pads it
+        meta = hf_meta(model.init_from, family(model.family), model.vocab_pad_multiple)  # padded as imported
         keys = {f.name for f in dataclasses.fields(model)}
         model, vocab_size = dataclasses.replace(model, **{k: v for k, v in meta.items() if k in keys}), meta["vocab_size"]
     fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,

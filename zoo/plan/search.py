@@ -6,7 +6,7 @@ number of layers, where tp*pp divides the world (the layers need not divide even
 first stages take one more). dp: the rest. ZeRO 0-3 when dp > 1, only 0-1 with pp > 1
 (DeepSpeed's pipeline engine supports ZeRO-1 at most). Micro-batch sizes whose product
 with dp divides the global batch; the accumulation is global / (micro * dp), at least pp
-with a pipeline (zoo.validate: a micro-batch per stage in flight). Activation
+with a pipeline (zoo.config.validate: a micro-batch per stage in flight). Activation
 checkpointing off and on. What fits in mem_fraction of the device is ranked by step time;
 equal times go to the simpler layout (fewer model-parallel ranks, lower ZeRO stage, no
 recomputation, larger micro-batch). The recommendation is the fastest, or a pure
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from zoo.config.schema import ModelConfig
-from zoo.plan.families import ModelDesc, describe_model
+from zoo.plan.describe import describe_model
+from zoo.plan.families import ModelDesc
 from zoo.plan.layout import PlanLayout
 from zoo.plan.memory import MemoryEstimate, layout_memory
 from zoo.plan.schema import ClusterConfig, PlanConfig, PlanRunConfig, check_plan
@@ -86,7 +87,7 @@ def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, pla
         dps.add(dp)
         stages = [z for z in plan.zero_stages if (dp > 1 or z == 0) and (pp == 1 or z <= 1)]
         for micro in plan.micro_batch_sizes:
-            # zoo's pipeline runs at least pp micro-batches per step (zoo.validate)
+            # zoo's pipeline runs at least pp micro-batches per step (zoo.config.validate)
             if global_batch_size % (micro * dp) or (pp > 1 and global_batch_size // (micro * dp) < pp):
                 continue
             out.extend(PlanLayout(tp=tp, pp=pp, dp=dp, zero_stage=z, micro_batch_size=micro,
@@ -180,8 +181,8 @@ class Plan:
 
 def make_plan(cfg: PlanRunConfig) -> Plan:
     """Check the config, describe the model, estimate every layout."""
-    from zoo.errors import ConfigError
     from zoo.families import check_size
+    from zoo.run.errors import ConfigError
 
     check_plan(cfg)
     try:

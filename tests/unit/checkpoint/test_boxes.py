@@ -87,7 +87,7 @@ def test_pieces_saved_under_one_cut_reassemble_under_another():
 def test_the_stream_writer_writes_what_safetensors_reads(tmp_path):
     from safetensors.torch import load_file
 
-    from zoo.checksums import digest
+    from zoo.run.checksums import digest
 
     tensors = {"a": torch.randn(3, 5), "b": torch.arange(7), "empty": torch.zeros(0, 4), "h": torch.randn(2).bfloat16()}
     writer = StreamWriter(tmp_path / "x.safetensors", [(k, v.dtype, v.shape) for k, v in tensors.items()],

@@ -8,6 +8,7 @@ import torch
 from tests.unit.models.test_vocab_padding import VOCAB, save_hf
 from zoo.checkpoint import sharded
 from zoo.checkpoint.hf import read_hf
+from zoo.families import family
 from zoo.parallel.sharding import ShardSpec, shard_tensor
 
 
@@ -21,7 +22,7 @@ def _shard_of(weights, name, spec):
 
 def test_each_shard_equals_the_same_cut_of_the_whole_tensor(tmp_path, monkeypatch):
     hf = save_hf("gpt", tmp_path)
-    meta, weights = read_hf(tmp_path, "gpt", pad_multiple=128)
+    meta, weights = read_hf(tmp_path, family("gpt"), pad_multiple=128)
     c_attn = hf.state_dict()["transformer.h.0.attn.c_attn.weight"]  # Conv1D: (in, 3 x out)
     for name, spec in [("h.0.attn.c_attn.weight", ShardSpec(dim=0, rank=1, world=2, chunks=3)),  # fused q, k, v
                        ("h.0.attn.c_proj.weight", ShardSpec(dim=1, rank=0, world=2)),  # row-parallel

@@ -44,7 +44,7 @@ def test_a_probed_table_keeps_its_other_entries():
 def test_the_local_launcher_forks_ranks_from_a_server_on_cpu_and_spawns_them_on_cuda(monkeypatch):
     import torch
 
-    from zoo import launch
+    from zoo.run import launch
 
     monkeypatch.delenv(launch.START_METHOD_ENV, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -61,7 +61,7 @@ def test_fork_is_taken_only_by_a_process_with_one_thread():
     import subprocess
     import sys
 
-    probe = ("from zoo import launch; import torch; a = launch._fork_or_forkserver(); torch.set_num_threads(2); "
+    probe = ("from zoo.run import launch; import torch; a = launch._fork_or_forkserver(); torch.set_num_threads(2); "
              "x = torch.randn(512, 512); x @ x; print(a, launch._fork_or_forkserver())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -71,7 +71,7 @@ def test_fork_is_taken_only_by_a_process_with_one_thread():
 def test_every_module_the_server_preloads_exists():
     import importlib.util
 
-    from zoo import launch
+    from zoo.run import launch
 
     assert all(importlib.util.find_spec(name) is not None for name in launch.preload(dynamo=True))
     assert "torch._dynamo" not in launch.preload(dynamo=False)
@@ -80,8 +80,8 @@ def test_every_module_the_server_preloads_exists():
 def test_an_unknown_start_method_is_one_line(monkeypatch):
     import pytest
 
-    from zoo import launch
-    from zoo.errors import ConfigError
+    from zoo.run import launch
+    from zoo.run.errors import ConfigError
 
     monkeypatch.setenv(launch.START_METHOD_ENV, "vfork")
     with pytest.raises(ConfigError, match="ZOO_START_METHOD=vfork is unknown; use spawn, forkserver or fork"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_config import check, composed
-from zoo.errors import ConfigError
+from zoo.run.errors import ConfigError
 
 
 @pytest.mark.parametrize("overrides, message", [

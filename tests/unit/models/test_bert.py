@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.build import build_model, count_parameters
+from zoo.families import family_of_shape as spec_of
 from zoo.models.bert import BERT_SIZES, BertForMaskedLM, bert_shape
+from zoo.parallel.build import build_model, count_parameters
 
 CPU = torch.device("cpu")
 
@@ -31,7 +32,7 @@ def test_parameter_count_is_hf_bert_for_masked_lm(size, expected):
     shape = bert_shape(size, 30522)
     with torch.device("meta"):
         hf = HFBert(hf_config(shape))
-    assert count_parameters(shape) == sum(p.numel() for p in hf.parameters()) == expected
+    assert count_parameters(spec_of(shape), shape) == sum(p.numel() for p in hf.parameters()) == expected
 
 
 def _padded_batch(vocab: int, lengths=(16, 11, 5)):
@@ -49,7 +50,7 @@ def test_logits_and_loss_equal_hf_with_the_same_weights():
     from transformers import BertForMaskedLM as HFBert
 
     shape = bert_shape("tiny", 256, n_layer=2, block_size=32)
-    ours = build_model(shape, seed=5, device=CPU).eval()
+    ours = build_model(spec_of(shape), shape, seed=5, device=CPU).eval()
     hf = HFBert(hf_config(shape)).eval()
     state = ours.state_dict()
     # Every name is HF's; HF also lists the decoder bias under its alias cls.predictions.bias.
@@ -69,7 +70,7 @@ def test_logits_and_loss_equal_hf_with_the_same_weights():
 
 def test_padding_changes_nothing_at_real_positions():
     shape = bert_shape("tiny", 256, n_layer=2, block_size=32)
-    model = build_model(shape, seed=1, device=CPU).eval()
+    model = build_model(spec_of(shape), shape, seed=1, device=CPU).eval()
     ids, types, _ = _padded_batch(256)
     with torch.no_grad():
         batch = model(torch.stack([ids, types], 1))
@@ -79,7 +80,7 @@ def test_padding_changes_nothing_at_real_positions():
 
 def test_sizes_and_init():
     assert BERT_SIZES["base"] == (12, 12, 768, 512) and BERT_SIZES["large"] == (24, 16, 1024, 512)
-    sd = build_model(bert_shape("tiny", 512), seed=3, device=CPU).state_dict()
+    sd = build_model(spec_of(bert_shape("tiny", 512)), bert_shape("tiny", 512), seed=3, device=CPU).state_dict()
     assert 0.018 < sd["bert.encoder.layer.0.attention.self.query.weight"].std() < 0.022
     assert sd["bert.embeddings.LayerNorm.weight"].eq(1).all() and sd["cls.predictions.decoder.bias"].eq(0).all()
 
@@ -87,7 +88,7 @@ def test_sizes_and_init():
 def test_pipeline_layers_add_up_to_the_model_and_run_its_forward():
     """The layers' parameters (the tied word embeddings counted once) are the model's, and a
     stage layer built alone holds exactly the full model's tensors at the same names."""
-    from zoo.build import materialise
+    from zoo.parallel.build import materialise
     from zoo.parallel.pipeline import StageLayer
 
     shape = bert_shape("tiny", 512)
@@ -96,8 +97,8 @@ def test_pipeline_layers_add_up_to_the_model_and_run_its_forward():
     layers = meta.pipeline_layers()
     held = {n for layer in layers for path in layer.paths for n, _ in meta.get_submodule(path).named_parameters(prefix=path)}
     assert held == {n for n, _ in meta.named_parameters(remove_duplicate=False)}
-    full = build_model(shape, seed=3, device=CPU).state_dict()
-    build = lambda m: materialise(m, shape=shape, seed=3, device=CPU)  # noqa: E731
+    full = build_model(spec_of(shape), shape, seed=3, device=CPU).state_dict()
+    build = lambda m: materialise(m, spec_of(shape), shape, seed=3, device=CPU)  # noqa: E731
     for index in (0, 2, len(layers) - 1):
         stage = StageLayer(meta, index, build)
         for name, t in stage.state_dict().items():
@@ -221,8 +222,8 @@ def _tp_equivalence(rank, world):
 
     group = dist.group.WORLD
     shape = bert_shape("tiny", 256, n_layer=2, block_size=32)
-    ref = build_model(shape, seed=11, device=CPU)
-    tp = build_model(shape, seed=11, device=CPU, tp_group=group)
+    ref = build_model(spec_of(shape), shape, seed=11, device=CPU)
+    tp = build_model(spec_of(shape), shape, seed=11, device=CPU, tp_group=group)
     assert tp.cls.predictions.decoder.weight is tp.bert.embeddings.word_embeddings.weight
     full = full_parameters(tp, group)
     for name, p in ref.named_parameters():

@@ -7,15 +7,17 @@ import pytest
 import torch
 import torch.nn as nn
 
-from zoo.build import build_model, count_parameters
+from zoo.families import family_of_shape as spec_of
 from zoo.models.cnn import ResNet, cnn_shape
+from zoo.parallel.build import build_model, count_parameters
 
 CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("size, expected", [("resnet18", 11_689_512), ("resnet50", 25_557_032)])
 def test_imagenet_shaped_counts_are_torchvisions(size, expected):
-    assert count_parameters(cnn_shape(size, in_channels=3, num_classes=1000, image_size=224)) == expected
+    shape = cnn_shape(size, in_channels=3, num_classes=1000, image_size=224)
+    assert count_parameters(spec_of(shape), shape) == expected
 
 
 @pytest.mark.parametrize("size, channels, pixels", [("tiny", 1, 8), ("resnet18", 3, 32), ("resnet50", 3, 64)])
@@ -29,7 +31,7 @@ def test_forward_shapes(size, channels, pixels):
 
 def test_loss_pieces_and_init():
     shape = cnn_shape("tiny")
-    model = build_model(shape, seed=2, device=CPU)
+    model = build_model(spec_of(shape), shape, seed=2, device=CPU)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 3, 9, 3])
     torch.testing.assert_close(model(x, y), nn.functional.cross_entropy(model(x), y))
@@ -37,7 +39,7 @@ def test_loss_pieces_and_init():
     assert sd["stem.bn1.running_var"].eq(1).all() and sd["stem.bn1.running_mean"].eq(0).all()
     fan_out = 32 * 3 * 3
     assert sd["layer1.0.conv1.weight"].std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.1)
-    from zoo.build import materialise
+    from zoo.parallel.build import materialise
     from zoo.parallel.pipeline import StageLayer
 
     with torch.device("meta"):
@@ -46,9 +48,9 @@ def test_loss_pieces_and_init():
     assert [layer.paths for layer in layers] == [("stem",), *[(f"layer{s}.{i}",) for s, i, *_ in shape.blocks()],
                                                  ("fc",)]
     assert sum(p.numel() for layer in layers for path in layer.paths
-               for p in meta.get_submodule(path).parameters()) == count_parameters(shape)
+               for p in meta.get_submodule(path).parameters()) == count_parameters(spec_of(shape), shape)
     index = next(i for i, layer in enumerate(layers) if layer.paths == ("layer2.0",))
-    piece = StageLayer(meta, index, lambda m: materialise(m, shape=shape, seed=2, device=CPU))
+    piece = StageLayer(meta, index, lambda m: materialise(m, spec_of(shape), shape, seed=2, device=CPU))
     assert torch.equal(piece.state_dict()["layer2.0.conv1.weight"], sd["layer2.0.conv1.weight"])
 
 

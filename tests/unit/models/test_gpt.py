@@ -5,9 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.build import build_model, count_parameters
+from zoo.families import family_of_shape as spec_of
 from zoo.models.gpt import GPT_SIZES, gpt_init_std, gpt_shape
 from zoo.models.init import normal_param
+from zoo.parallel.build import build_model, count_parameters
 from zoo.parallel.sharding import ShardSpec, shard_tensor
 
 
@@ -15,17 +16,17 @@ from zoo.parallel.sharding import ShardSpec, shard_tensor
     # Hugging Face's gpt2, gpt2-medium, gpt2-large, gpt2-xl (vocab 50257, 1024 positions).
     ("small", 124_439_808), ("medium", 354_823_168), ("large", 774_030_080), ("xl", 1_557_611_200)])
 def test_gpt2_parameter_counts(size, expected):
-    assert count_parameters(gpt_shape(size, 50257)) == expected
+    assert count_parameters(spec_of(gpt_shape(size, 50257)), gpt_shape(size, 50257)) == expected
 
 
 def test_gpt3_family_is_defined_for_planning():
-    assert count_parameters(gpt_shape("gpt3-125m", 50257)) == pytest.approx(125e6, rel=0.02)
+    assert count_parameters(spec_of(gpt_shape("gpt3-125m", 50257)), gpt_shape("gpt3-125m", 50257)) == pytest.approx(125e6, rel=0.02)
     assert {k for k in GPT_SIZES if k.startswith("gpt3-")} >= {"gpt3-125m", "gpt3-1.3b", "gpt3-175b"}
 
 
 def test_forward_shapes_loss_and_tied_head():
     shape = gpt_shape("tiny", 256, block_size=16)
-    model = build_model(shape, seed=0, device=torch.device("cpu"))
+    model = build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu"))
     idx = torch.randint(0, 256, (3, 16))
     logits = model(idx)
     assert logits.shape == (3, 16, 256)  # (B, T, V)
@@ -38,9 +39,9 @@ def test_forward_shapes_loss_and_tied_head():
 
 def test_init_is_a_function_of_seed_and_name():
     shape = gpt_shape("tiny", 256, block_size=16)
-    a = build_model(shape, seed=3, device=torch.device("cpu")).state_dict()
-    b = build_model(shape, seed=3, device=torch.device("cpu")).state_dict()
-    c = build_model(shape, seed=4, device=torch.device("cpu")).state_dict()
+    a = build_model(spec_of(shape), shape, seed=3, device=torch.device("cpu")).state_dict()
+    b = build_model(spec_of(shape), shape, seed=3, device=torch.device("cpu")).state_dict()
+    c = build_model(spec_of(shape), shape, seed=4, device=torch.device("cpu")).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["h.0.attn.c_attn.weight"], c["h.0.attn.c_attn.weight"])
     std = a["h.0.mlp.c_fc.weight"].std().item()

@@ -8,8 +8,9 @@ import torch
 
 from tests.unit.parallel._dist import run_ranks
 from tests.unit.parallel.test_gpt_tp import check_tp_equivalence
-from zoo.build import count_parameters
+from zoo.families import family_of_shape as spec_of
 from zoo.models.llama import LLAMA_SIZES, LlamaForCausalLM, llama_shape
+from zoo.parallel.build import count_parameters
 
 CPU = torch.device("cpu")
 
@@ -39,7 +40,7 @@ def test_logits_equal_transformers_llama_with_grouped_query_attention(tied):
     idx = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), hf(idx).logits, rtol=1e-4, atol=1e-4)
-    assert count_parameters(shape) == sum(p.numel() for p in hf.parameters())
+    assert count_parameters(spec_of(shape), shape) == sum(p.numel() for p in hf.parameters())
 
 
 @pytest.mark.parametrize("size", sorted(LLAMA_SIZES))

@@ -41,7 +41,7 @@ def test_the_fills_come_back_after_an_error_inside():
 def test_to_empty_allocates_what_module_to_empty_does_without_sympy():
     """zoo.models.meta.to_empty gives every parameter and buffer the device, shape, strides,
     dtype and requires_grad torch's Module.to_empty gives it, a transposed (non-contiguous) one
-    included (it takes empty_like), and a whole model built by zoo.build imports neither torch.fx's symbolic shapes nor
+    included (it takes empty_like), and a whole model built by zoo.parallel.build imports neither torch.fx's symbolic shapes nor
     sympy (the meta empty_like's Python reference did)."""
     code = """
 import sys, torch
@@ -67,9 +67,10 @@ print("ok")
 """
     whole = """
 import sys, torch
-from zoo.build import build_model
+from zoo.parallel.build import build_model
+from zoo.families import family
 from zoo.models.gpt import gpt_shape
-model = build_model(gpt_shape("tiny", 512), seed=0, device=torch.device("cpu"))
+model = build_model(family("gpt"), gpt_shape("tiny", 512), seed=0, device=torch.device("cpu"))
 assert not any(p.is_meta for p in model.parameters())
 assert "sympy" not in sys.modules and "torch.fx.experimental.symbolic_shapes" not in sys.modules
 print("ok")

@@ -45,7 +45,7 @@ def save_hf(kind, directory, vocab=VOCAB):
                                                           ("gpt", GPTShape, GPT)], ids=["llama", "gpt"])
 def test_padded_import_gives_transformers_logits_and_loss_and_strips_back(tmp_path, kind, shape_type, model_type):
     hf = save_hf(kind, tmp_path)
-    meta, state = read_hf(tmp_path, kind, pad_multiple=128)
+    meta, state = read_hf(tmp_path, family(kind), pad_multiple=128)
     assert (meta["vocab_size"], meta["vocab_real"]) == (1024, VOCAB)
     for key in family(kind).hf.vocab_rows:
         if key in state:
@@ -72,7 +72,7 @@ def test_a_vocabulary_that_divides_is_imported_as_it_is(tmp_path):
 
     HF(LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=160, num_hidden_layers=1,
                    num_attention_heads=4, num_key_value_heads=2)).save_pretrained(str(tmp_path))
-    meta, state = read_hf(tmp_path, "llama", pad_multiple=128)
+    meta, state = read_hf(tmp_path, family("llama"), pad_multiple=128)
     assert meta["vocab_size"] == 1024 and "vocab_real" not in meta
 
 

@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 
 from tests.unit.parallel._dist import run_ranks
-from zoo.build import build_model
 from zoo.checkpoint.consolidate import full_parameters
+from zoo.families import family_of_shape as spec_of
 from zoo.models.gpt import gpt_shape
+from zoo.parallel.build import build_model
 from zoo.parallel.mappings import gather_from_tp_region
 from zoo.parallel.sharding import unshard_tensors
 
@@ -34,8 +35,8 @@ def check_tp_equivalence(shape, sequence_parallel: bool) -> None:
     """On every rank of the world group: the tp-sharded model of `shape` against the same model
     at tp=1 (same seed, same batch): initial shards, logits, loss and every gradient."""
     group = dist.group.WORLD
-    ref = build_model(shape, seed=11, device=CPU)
-    tp = build_model(shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
+    ref = build_model(spec_of(shape), shape, seed=11, device=CPU)
+    tp = build_model(spec_of(shape), shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
     full = full_parameters(tp, group)
     for name, p in ref.named_parameters():
         assert torch.equal(full[name], p.detach()), f"initial shard of {name} is not the slice of tp=1"
@@ -62,7 +63,7 @@ def _collectives_per_layer(rank, world):
     real = dist.all_reduce
     for n_layer in (1, 3):
         shape = gpt_shape("tiny", 256, n_layer=n_layer, block_size=16)
-        model = build_model(shape, seed=0, device=CPU, tp_group=group)
+        model = build_model(spec_of(shape), shape, seed=0, device=CPU, tp_group=group)
         idx = torch.randint(0, 256, (2, 16))
         calls = []
         dist.all_reduce = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
@@ -80,8 +81,8 @@ def _collectives_per_layer(rank, world):
 def _memory(rank, world):
     group = dist.group.WORLD
     shape = gpt_shape("tiny", 512, n_layer=4, block_size=16)
-    total = sum(p.numel() for p in build_model(shape, seed=0, device=CPU).parameters())
-    local = sum(p.numel() for p in build_model(shape, seed=0, device=CPU, tp_group=group).parameters())
+    total = sum(p.numel() for p in build_model(spec_of(shape), shape, seed=0, device=CPU).parameters())
+    local = sum(p.numel() for p in build_model(spec_of(shape), shape, seed=0, device=CPU, tp_group=group).parameters())
     # Replicated: LayerNorms, position table, row-parallel biases (~3% here).
     assert total / world <= local <= 1.05 * total / world, (local, total)
 

@@ -77,7 +77,7 @@ def test_the_recommendation_leads_and_the_text_fits_a_terminal():
 ])
 def test_the_printed_command_reproduces_the_planned_layout_and_dtype(overrides):
     from zoo.config.schema import Config
-    from zoo.validate import resolve_layout
+    from zoo.config.validate import resolve_layout
 
     text = run(plan_cfg(*overrides))
     command = next(line for line in text.splitlines() if line.startswith("  train with: "))
@@ -175,7 +175,7 @@ def test_the_llama_description_counts_the_real_models_parameters(size):
     from zoo.config.schema import ModelConfig
     from zoo.families import family
     from zoo.families.transformer import padded_vocab
-    from zoo.plan.families import describe_model
+    from zoo.plan.describe import describe_model
 
     cfg = ModelConfig(family="llama", size=size)
     desc = describe_model(cfg, 50257)

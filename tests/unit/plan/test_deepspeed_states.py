@@ -1,6 +1,6 @@
 """The planner's model-state bytes per rank against a real DeepSpeed engine, ZeRO stages 0-3.
 
-Two gloo ranks on this CPU build zoo's tiny GPT with `zoo.build.build_model`, wrap it with
+Two gloo ranks on this CPU build zoo's tiny GPT with `zoo.parallel.build.build_model`, wrap it with
 zoo's own engine config (fp32, torch AdamW, dp=2, two micro-batches per step) and take one
 step. Each rank measures the memory the engine holds, as the union of tensor storage
 ranges so that a buffer shared by two roles counts once:
@@ -35,7 +35,8 @@ import torch
 import torch.multiprocessing as mp
 
 from zoo.config.schema import ModelConfig
-from zoo.plan.families import describe_model
+from zoo.families import family_of_shape as spec_of
+from zoo.plan.describe import describe_model
 from zoo.plan.memory import model_state_bytes
 from zoo.worker import leave_process_group
 
@@ -83,10 +84,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
-    from zoo.build import build_model
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine, lean_start
     from zoo.families import model_dims
+    from zoo.parallel.build import build_model
     from zoo.parallel.topology import Layout, build_grid
 
     lean_start.skip_shm_comm_op()  # as zoo's ranks start: no gcc build of DeepSpeed's shm op (~47 s fresh)
@@ -99,7 +100,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     x = torch.randint(0, VOCAB, (1, shape.block_size), generator=torch.Generator().manual_seed(rank))
     for stage in range(4):
         layout = Layout(tp=1, pp=1, dp=DP, zero_stage=stage)
-        engine = initialize_engine(build_model(shape, seed=0, device=torch.device("cpu")), cfg, layout, build_grid(layout))
+        engine = initialize_engine(build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu")), cfg, layout, build_grid(layout))
         grads = 0
         for _ in range(2):
             engine.backward(engine(x, x))
@@ -120,10 +121,10 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
 
-    from zoo.build import build, build_model
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine, lean_start, param_groups
     from zoo.families import model_dims
+    from zoo.parallel.build import build, build_model
     from zoo.parallel.topology import Layout, build_grid, tp_group
 
     lean_start.skip_shm_comm_op()  # as zoo's ranks start: no gcc build of DeepSpeed's shm op (~47 s fresh)
@@ -139,9 +140,9 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
         grid = build_grid(layout)
         options = dict(seed=0, device=torch.device("cpu"), tp_group=tp_group(grid), sequence_parallel=False)
         if pp > 1:
-            model = build(shape, layout, partition_method="parameters", activation_checkpointing=False, **options)
+            model = build(spec_of(shape), shape, layout, partition_method="parameters", activation_checkpointing=False, **options)
         else:
-            model = build_model(shape, **options)
+            model = build_model(spec_of(shape), shape, **options)
         groups = [[p.numel() for p in g["params"]] for g in param_groups(model, 0.1)]
         engine = initialize_engine(model, cfg, layout, grid)
         if pp > 1:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from zoo.build import count_parameters
 from zoo.config.schema import ModelConfig
+from zoo.families import family_of_shape as spec_of
 from zoo.families import model_dims
 from zoo.families.transformer import padded_vocab
-from zoo.plan.families import Activations, describe_model, gpt_layer_activations
+from zoo.parallel.build import count_parameters
+from zoo.plan.describe import describe_model
+from zoo.plan.families import Activations, gpt_layer_activations
 from zoo.plan.layout import PlanLayout, stage_layer_counts
 from zoo.plan.memory import model_state_bytes, stage_memory
 from zoo.plan.step_time import training_flops_per_token
@@ -95,7 +97,7 @@ def test_first_stage_holds_the_whole_models_layer_activations():
 def test_parameter_count_equals_the_built_model(size):
     cfg = ModelConfig(family="gpt", size=size)
     desc = describe_model(cfg, 50257)
-    assert desc.num_params == count_parameters(model_dims(cfg, padded_vocab(50257, cfg)))
+    assert desc.num_params == count_parameters(spec_of(model_dims(cfg, padded_vocab(50257, cfg))), model_dims(cfg, padded_vocab(50257, cfg)))
 
 
 def test_gpt3_175b_size_and_flops_per_token():

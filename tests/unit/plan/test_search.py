@@ -7,17 +7,11 @@ import pytest
 
 from zoo.config.schema import Config, ModelConfig
 from zoo.parallel.topology import Layout
-from zoo.plan import (
-    ClusterConfig,
-    PlanConfig,
-    describe_model,
-    enumerate_layouts,
-    estimate,
-    fit_warning,
-    predict_fit,
-    recommend,
-)
+from zoo.plan.describe import describe_model
+from zoo.plan.fit import fit_warning, predict_fit
 from zoo.plan.layout import PlanLayout
+from zoo.plan.schema import ClusterConfig, PlanConfig
+from zoo.plan.search import enumerate_layouts, estimate, recommend
 
 A100 = dict(name="dgx-a100", gpus_per_node=8, gpu_mem_gb=80, peak_tflops=312, fp32_tflops=156, hbm_gbps=2039,
             intra_node_gbps=300, inter_node_gbps=200, mfu=0.5, comm_efficiency=0.7)
@@ -149,8 +143,9 @@ def test_the_data_parallel_reason_says_what_holds_for_a_replica_larger_than_a_gp
     import dataclasses
 
     from zoo.config.schema import TrainerConfig
-    from zoo.plan import PlanRunConfig, make_plan
     from zoo.plan.report import _model_split_reason
+    from zoo.plan.schema import PlanRunConfig
+    from zoo.plan.search import make_plan
 
     cfg = PlanRunConfig(model=ModelConfig(family="gpt", size="small"), cluster=ClusterConfig(nodes=1, **A100),
                         trainer=TrainerConfig(global_batch_size=512))

@@ -14,10 +14,10 @@ import torch.nn as nn
 
 from data_pipelines.schedule import micro_batch_start
 from zoo.engine import micro_batching
-from zoo.errors import ConfigError
 from zoo.families.task import AccuracyEvaluation, Batch, Task
 from zoo.families.transformer import padded_vocab, shape_from_config
 from zoo.models.bert import BertShape, bert_shape
+from zoo.run.errors import ConfigError
 
 
 class BertTask(AccuracyEvaluation, Task):
@@ -35,7 +35,7 @@ class BertTask(AccuracyEvaluation, Task):
                                   mlm_probability=cfg.data.mlm_probability)
         self.train_lengths = self.samples.lengths[self.samples.train]
         if len(self.train_lengths) < cfg.trainer.global_batch_size:  # the length buckets hold whole global batches
-            from zoo.errors import DataError
+            from zoo.run.errors import DataError
 
             source = f"data.path={cfg.data.path}" if cfg.data.path else f"data={cfg.data.name}"
             raise DataError(f"{source} makes {len(self.train_lengths)} training samples of up to "
@@ -93,7 +93,7 @@ class BertTask(AccuracyEvaluation, Task):
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
             from zoo.checkpoint.hf import read_hf
 
-            meta, self.init_state = read_hf(cfg.model.init_from, "bert")
+            meta, self.init_state = read_hf(cfg.model.init_from, self.spec)
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
                 tok_dir = cfg.model.init_from
         tok_dir = tok_dir or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
@@ -116,7 +116,7 @@ class BertTask(AccuracyEvaluation, Task):
         if not d.eval_path:
             return None
         from data_pipelines.text_sources import as_eval_path_error, read_source
-        from zoo.errors import DataError
+        from zoo.run.errors import DataError
 
         try:
             held = read_source("hub" if d.name == "hub" else "files", d.eval_path, d.text_column)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import List
 
 from zoo.config.schema import Config
-from zoo.errors import ConfigError
 from zoo.families import data_keys
 from zoo.families.cnn.task import CNNTask
 from zoo.families.spec import FamilySpec
@@ -20,6 +19,7 @@ from zoo.models.cnn import (
 )
 from zoo.observe.flops import counted_flops_per_sample
 from zoo.parallel.topology import Layout
+from zoo.run.errors import ConfigError
 
 
 def _require(ok: bool, message: str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Tuple
 
-from zoo.errors import ConfigError
 from zoo.families import data_keys
 from zoo.families.causal_lm import CausalLMTask
 from zoo.families.llama import hf, plan
@@ -24,6 +23,7 @@ from zoo.models.llama import (
 )
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.plans import KVHeads, TPPlan
+from zoo.run.errors import ConfigError
 
 TP_PLAN = TPPlan(
     layers=(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List
 
-from zoo.errors import ConfigError
+from zoo.run.errors import ConfigError
 
 
 def meta_from_config(cfg: dict) -> dict:

@@ -6,13 +6,14 @@ between model families is each family's own check (`FamilySpec.check`, zoo.famil
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 from zoo.config.paths import check_paths
 from zoo.config.ranges import check_ranges, range_warnings
 from zoo.config.schema import Config, PrecisionConfig
-from zoo.errors import ConfigError
 from zoo.parallel.topology import Layout
+from zoo.run.errors import ConfigError
 
 DTYPES = ("fp32", "bf16", "fp16")
 LOGGERS = ("wandb", "none")
@@ -60,6 +61,13 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     check_paths(cfg, spec)
     _check_micro_batch(cfg, layout, cuda_available)
     _check_scaler(cfg, layout, cuda_available)
+    if m.init_from and spec.hf is not None and Path(m.init_from).expanduser().is_dir():  # the family it holds
+        from zoo.checkpoint.hf import family_of_hf
+        from zoo.families import FAMILIES
+
+        found = family_of_hf(m.init_from, FAMILIES.values())
+        _require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
+                                         f"model.family={m.family}; use model={found.name}")
     layers, what = spec.check(cfg, layout, warnings)
     _require(spec.tp_plan is not None or layout.tp == 1,
              f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel plan; use parallel.tp=1")
@@ -111,7 +119,7 @@ def _check_compile(cuda_available: bool) -> None:
     (else each rank fails at its first step with inductor's traceback)."""
     import importlib.util
 
-    from zoo.model_compile import c_compiler
+    from zoo.models.compile import c_compiler
 
     if cuda_available:
         _require(importlib.util.find_spec("triton") is not None,
@@ -206,8 +214,6 @@ def _check_data(cfg: Config, spec) -> None:
 
 def _check_data_keys(cfg: Config, spec) -> None:
     """A data key the chosen source would ignore is refused, naming the sources that read it."""
-    from pathlib import Path
-
     from zoo.config.schema import DataConfig
     from zoo.families.data_keys import CHECKED
 

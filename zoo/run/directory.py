@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from zoo.errors import RunDirError
+from zoo.run.errors import RunDirError
 
 
 def check_writable(path: str | os.PathLike) -> None:

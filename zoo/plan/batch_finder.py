@@ -21,7 +21,7 @@ from typing import Callable, List, Tuple
 import torch
 import torch.distributed as dist
 
-from zoo.errors import BatchFinderError
+from zoo.run.errors import BatchFinderError
 
 HEADROOM = 0.8  # the share of device memory a run may plan to use
 

@@ -3,7 +3,9 @@ only this stage's layers of it) is built on the meta device, the parallelize ste
 this rank's tensor-parallel shards (and data-parallel BatchNorms), then every parameter is
 materialised on the device and filled by the layout-free initialisation. A sharded rank
 never holds the full model. What differs between families (the model class, the init, the
-TP plan, the pipeline's loss) comes from the family's spec (`zoo.families`).
+TP plan, the pipeline's loss) comes from the family's spec, which the caller passes (the
+task has it; `zoo.families.family_of_shape` finds it for a shape): this module never looks a
+family up, so the families can build with it.
 """
 from __future__ import annotations
 
@@ -20,24 +22,17 @@ from zoo.parallel.plans import sum_sequence_parallel_norm_grads, tie_parameters
 from zoo.parallel.topology import Layout
 
 
-def _family(shape):
-    from zoo.families import family_of_shape
-
-    return family_of_shape(shape)
-
-
-def count_parameters(shape) -> int:
-    """Parameters of the full (unsharded) model, counted on the meta device."""
+def count_parameters(spec, shape) -> int:
+    """Parameters of the full (unsharded) model of family `spec`, counted on the meta device."""
     with on_meta():
-        model = _family(shape).model(shape)
+        model = spec.model(shape)
     return sum(p.numel() for p in model.parameters())
 
 
-def materialise(module: nn.Module, shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
-                sequence_parallel: bool = False) -> None:
-    """Parallelize a meta-device module in place, allocate it on `device` and initialise it.
-    Its parameter names must be the full model's (e.g. `h.3.attn.c_attn.weight`)."""
-    spec = _family(shape)
+def materialise(module: nn.Module, spec, shape, *, seed: int, device: torch.device, tp_group=None,
+                dp_group=None, sequence_parallel: bool = False) -> None:
+    """Parallelize a meta-device module of family `spec` in place, allocate it on `device` and
+    initialise it. Its parameter names must be the full model's (e.g. `h.3.attn.c_attn.weight`)."""
     std_of = spec.init_std(shape, module)
     plan = spec.plan(shape)
     parallelize(module, plan=plan, tp_group=tp_group, dp_group=dp_group,
@@ -76,7 +71,7 @@ def _units(module: nn.Module, prefix: str = ""):
             yield path, child
 
 
-def materialise_partitioned(module: nn.Module, shape, *, zero3: ZeroThree, seed: int, device: torch.device,
+def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree, seed: int, device: torch.device,
                             tp_group=None, dp_group=None, sequence_parallel: bool = False, weights=None) -> None:
     """`materialise` for ZeRO-3, piece by piece: each piece (a block, an embedding) is
     allocated, initialised (the same layout-free values), filled from `weights` where given
@@ -86,7 +81,6 @@ def materialise_partitioned(module: nn.Module, shape, *, zero3: ZeroThree, seed:
 
     from zoo.engine.state import is_zero3
 
-    spec = _family(shape)
     std_of = spec.init_std(shape, module)
     plan = spec.plan(shape)
     parallelize(module, plan=plan, tp_group=tp_group, dp_group=dp_group, sequence_parallel=sequence_parallel,
@@ -118,49 +112,48 @@ def materialise_partitioned(module: nn.Module, shape, *, zero3: ZeroThree, seed:
         sum_sequence_parallel_norm_grads(module, tp_group, norms=plan.sequence_parallel_norms)
 
 
-def build_model(shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
+def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                 sequence_parallel: bool = False, activation_checkpointing: bool = False,
                 zero3: ZeroThree | None = None, weights=None) -> nn.Module:
-    """This rank's whole model (no pipeline), of the family `shape` belongs to; with `zero3`,
-    built partitioned (materialise_partitioned), filled from `weights` (model.init_from)."""
+    """This rank's whole model (no pipeline) of family `spec`; with `zero3`, built partitioned
+    (materialise_partitioned), filled from `weights` (model.init_from)."""
     with on_meta():
-        model = _family(shape).model(shape)
+        model = spec.model(shape)
     if zero3 is None:
-        materialise(model, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
+        materialise(model, spec, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
                     sequence_parallel=sequence_parallel)
         if weights is not None:
             from zoo.checkpoint.consolidate import assign_full_weights
 
             assign_full_weights(model, weights)
     else:
-        materialise_partitioned(model, shape, zero3=zero3, seed=seed, device=device, tp_group=tp_group,
+        materialise_partitioned(model, spec, shape, zero3=zero3, seed=seed, device=device, tp_group=tp_group,
                                 dp_group=dp_group, sequence_parallel=sequence_parallel, weights=weights)
     model.activation_checkpointing = activation_checkpointing
     return model
 
 
-def build_pipeline(shape, layout: Layout, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
+def build_pipeline(spec, shape, layout: Layout, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                    sequence_parallel: bool = False, partition_method: str, activation_checkpointing: bool,
                    dynamic_shape: bool = False):
     """This stage's DeepSpeed PipelineModule: only its layers, cut from the model built on meta."""
     from zoo.parallel.pipeline import pipeline_module
 
-    spec = _family(shape)
     with on_meta():
         meta_model = spec.model(shape)
-    build = functools.partial(materialise, shape=shape, seed=seed, device=device, tp_group=tp_group,
+    build = functools.partial(materialise, spec=spec, shape=shape, seed=seed, device=device, tp_group=tp_group,
                               dp_group=dp_group, sequence_parallel=sequence_parallel)
     return pipeline_module(meta_model, layout, build, loss_fn=spec.pipeline_loss(tp_group),
                            partition_method=partition_method, activation_checkpointing=activation_checkpointing,
                            dynamic_shape=dynamic_shape)
 
 
-def build(shape, layout: Layout, **kwargs) -> nn.Module:
+def build(spec, shape, layout: Layout, **kwargs) -> nn.Module:
     """This rank's model for `layout`: a pipeline stage with pp > 1, else the whole model."""
     if layout.pp > 1:
         weights = kwargs.pop("weights", None)
         kwargs.pop("zero3", None)  # DeepSpeed's pipeline takes ZeRO-1 at most
-        model = build_pipeline(shape, layout, **kwargs)
+        model = build_pipeline(spec, shape, layout, **kwargs)
         if weights is not None:
             from zoo.checkpoint.consolidate import assign_full_weights
 
@@ -168,5 +161,5 @@ def build(shape, layout: Layout, **kwargs) -> nn.Module:
         return model
     for key in ("partition_method", "dynamic_shape"):
         kwargs.pop(key, None)
-    return build_model(shape, **kwargs)
+    return build_model(spec, shape, **kwargs)
 

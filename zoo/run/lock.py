@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Optional
 
-from zoo.errors import RunDirError
+from zoo.run.errors import RunDirError
 
 LOCK_NAME = ".zoo.lock"
 HELD_ENV = "ZOO_RUN_DIR_LOCK_HELD"  # set by the local launcher for its workers: the parent holds it

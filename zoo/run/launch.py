@@ -120,7 +120,7 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
     threads = threads_per_rank(nproc)
     os.environ["ZOO_LOCAL_WORKER"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    from zoo.quiet import VERBOSE_ENV
+    from zoo.run.quiet import VERBOSE_ENV
 
     os.environ[VERBOSE_ENV] = "1" if verbose else "0"
     start_method = worker_start_method()
@@ -139,7 +139,7 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
 START_METHOD_ENV = "ZOO_START_METHOD"
 
 
-PRELOAD = ("zoo.quiet", "deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "transformers",
+PRELOAD = ("zoo.run.quiet", "deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "transformers",
            "transformers.models.auto.tokenization_auto", "zoo.trainer", "zoo.families", "zoo.worker")
 DYNAMO = ("torch._dynamo",)  # imported by compile and by ZeRO-3's parameter hooks; an eager optimizer does not
 
@@ -160,7 +160,7 @@ def worker_start_method() -> str:
     chosen = os.environ.get(START_METHOD_ENV)
     if chosen:
         if chosen not in ("spawn", "forkserver", "fork"):
-            from zoo.errors import ConfigError
+            from zoo.run.errors import ConfigError
 
             raise ConfigError(f"{START_METHOD_ENV}={chosen} is unknown; use spawn, forkserver or fork (or unset it)")
         return chosen
