@@ -214,12 +214,12 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     row["save_final_split"] = sampler.split
     hf = root / "hf"
     if rank == 0:  # the export: one process, the whole model tensor by tensor
-        from zoo.checkpoint.export import export
+        from zoo.export import export
 
         _, row["export"], _ = sampler.phase(lambda: export(saved, hf))
         row["full_bytes"] = sum(f.stat().st_size for f in hf.glob("*.safetensors"))
     dist.barrier()
-    from zoo.checkpoint.hf import read_hf
+    from zoo.checkpoint.hf_weights import read_hf
 
     _, plain_build, _ = sampler.phase(lambda: model())  # what the model itself takes, to subtract
     _, with_import, _ = sampler.phase(lambda: model(read_hf(hf, family("gpt"), cfg.model.vocab_pad_multiple)[1]))

@@ -5,7 +5,7 @@ steps outside the first two (warm-up) and outside the window, and the window's o
 
     python benchmarks/profile_overhead.py [--rounds 6] [--baseline REV] [--layout parallel=zero1]
 
-BASELINE defaults to the commit before zoo/observe/profile.py was added. Run on an idle machine.
+BASELINE defaults to the commit before zoo/observe/profiler.py was added. Run on an idle machine.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ COMMON = ["debug=fast", "logger=none", "trainer.sample_tokens=0", f"trainer.max_
 
 
 def baseline_rev() -> str:
-    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", "zoo/observe/profile.py"],
+    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", "zoo/observe/profiler.py"],
                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     return f"{added[-1]}~1"
 

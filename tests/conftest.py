@@ -35,7 +35,7 @@ SLOW = {
     "tests/e2e/test_hf.py::test_bert_import_into_pp_then_export_again": "BERT export and 3d import stay",
     "tests/e2e/test_rundir_lock.py::test_a_running_directory_is_refused_and_a_killed_runs_lock_taken_over[layout1]":
     "the one-rank case stays",
-    "tests/e2e/test_launchers.py::test_deepspeed_launcher[no-local-rank]": "the README's line stays",
+    "tests/e2e/test_launchers.py::test_deepspeed_launcher[no-local-rank]": "docs/layouts.md's line stays",
     "tests/slurm/test_slurm.py::test_warned_gpt_run_checkpoints_requeues_and_matches_uninterrupted_run": "the "
     "requeue of a stand-in job and the 4-rank GPT run under srun stay",
     "tests/e2e/test_profile.py::test_a_data_parallel_runs_gradient_all_reduce_shows": "the tp run's all-reduce "

@@ -49,7 +49,7 @@ def side_by_side(a: dict, b: dict, names: List[str]) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from zoo.observe.profile import table_lines
+    from zoo.observe.profiler import table_lines
 
     parser = argparse.ArgumentParser(prog="python -m zoo.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="one or two run directories that profiled")

@@ -24,7 +24,7 @@ from zoo.engine import initialize_engine, micro_batching
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
 from zoo.families import family
-from zoo.families.task import Task
+from zoo.families.base_task import Task
 from zoo.models.compile import compile_seconds
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
@@ -64,7 +64,7 @@ class Trainer:
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
         self.profile = None
         if cfg.trainer.profile.start:
-            from zoo.observe.profile import ProfileWindow
+            from zoo.observe.profiler import ProfileWindow
 
             coords = {"tp": grid.get_slice_parallel_rank(), "pp": grid.get_pipe_parallel_rank(), "dp": self.dp_rank}
             self.profile = ProfileWindow(cfg, run_dir, rank=self.rank, coords=coords, device=device,
@@ -233,7 +233,7 @@ class Trainer:
             self._profile_report(window)
 
     def _profile_report(self, window) -> None:
-        from zoo.observe.profile import gather_rows, profile_dir, summarize, table_lines
+        from zoo.observe.profiler import gather_rows, profile_dir, summarize, table_lines
 
         rows = gather_rows(window.finish(self.step))
         if self.rank == 0:

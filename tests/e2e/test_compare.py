@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
-from zoo.observe.compare import Run, differing_keys, labels, table
+from zoo.compare import Run, differing_keys, labels, table
 
 FAST = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1", "optim.warmup_steps=2",
         "trainer.global_batch_size=8", "trainer.max_steps=4", "trainer.log_every=1"]
@@ -40,7 +40,7 @@ def test_runs_are_labelled_by_what_differs():
 
 
 def test_same_named_runs_are_told_apart_by_their_shortest_differing_path_ends():
-    from zoo.observe.compare import short_names
+    from zoo.compare import short_names
 
     assert short_names(["/x/exp/a/run", "/x/exp/b/run"]) == ["a/run", "b/run"]
     assert short_names(["/x/a/2026/run", "/x/b/2026/run"]) == ["a/2026/run", "b/2026/run"]
@@ -49,7 +49,7 @@ def test_same_named_runs_are_told_apart_by_their_shortest_differing_path_ends():
 def test_the_legend_covers_no_curve_and_no_axis_label():
     """#33 item 9: four long-labelled runs with evaluations; the legend lies outside both panels
     (their axes and their tick and axis labels)."""
-    from zoo.observe.compare import figure
+    from zoo.compare import figure
 
     history = [{"step": s, "loss": 5.0 - s / 10, "tokens_per_s": 1000.0 + s, **({"eval_loss": 5.1 - s / 10}
                                                                               if s % 5 == 0 else {})} for s in range(1, 21)]

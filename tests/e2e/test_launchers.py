@@ -31,7 +31,7 @@ def test_torchrun(run_zoo, tmp_path):
                     reason="the deepspeed launcher script is not installed beside this python")
 @pytest.mark.parametrize("flags", [[], ["--no_local_rank"]], ids=["as-the-readme-prints-it", "no-local-rank"])
 def test_deepspeed_launcher(run_zoo, tmp_path, flags):
-    """The README's line, `deepspeed --num_gpus 8 --module zoo.train parallel=zero2`, on 2
+    """docs/layouts.md's line, `deepspeed --num_gpus 8 --module zoo.train parallel=zero2`, on 2
     ranks: the launcher's --local_rank=N argument is taken out before Hydra sees it."""
     run_dir = tmp_path / "ds"
     launcher = Path(sys.executable).with_name("deepspeed")

@@ -53,7 +53,7 @@ def slow_loading_main() -> None:
     import dataclasses
 
     from zoo import families
-    from zoo.families.causal_lm import CausalLMTask
+    from zoo.families.causal_lm_task import CausalLMTask
 
     class SlowLoadingGPT(CausalLMTask):
         def collate(self, split, indices):

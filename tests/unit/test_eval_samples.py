@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from zoo.families.task import Task
+from zoo.families.base_task import Task
 from zoo.models.losses import IGNORE, masked_mean, summed
 from zoo.parallel.topology import Layout
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from zoo.observe.breakdown import merged, minus, step_breakdown
-from zoo.observe.profile import summarize, table_lines
+from zoo.observe.profiler import summarize, table_lines
 
 
 def test_interval_arithmetic():

@@ -62,7 +62,7 @@ def assign_full_weights(module: nn.Module, state, prefix: str = "", skip=lambda 
     """Copy full (plain-model) tensors into `module`'s parameters and state buffers, each its
     tensor-parallel shard; names may carry pipeline prefixes (`prefix`: `module`'s path in the
     full model). `state` is a dict of full tensors, or weights read slice by slice
-    (zoo.checkpoint.hf.HFWeights: each parameter reads only its shard); `skip(t)`: tensors
+    (zoo.checkpoint.hf_weights.HFWeights: each parameter reads only its shard); `skip(t)`: tensors
     assigned already. Call before the engine is created."""
     prefix = prefix.rstrip(".")
     persistent = {plain_name(f"{prefix}.{n}" if prefix else n) for n in module.state_dict()}

@@ -20,7 +20,8 @@ class ModelConfig:
     """Model family: `gpt`, `llama`, `bert` or `cnn` (zoo.families)."""
     size: str = "tiny"
     """Named size preset of the family (GPT: tiny, small, medium, large, xl, gpt3-125m ... gpt3-175b;
-    BERT: tiny, base, large; CNN: tiny, resnet18, resnet50)."""
+    Llama: tiny, smollm-135m, tinyllama-1.1b, llama2-7b, llama3-8b, llama2-70b; BERT: tiny, base,
+    large; CNN: tiny, resnet18, resnet50). Ignored with model.init_from (the import's own)."""
     n_layer: Optional[int] = None
     """Override the preset's number of transformer layers. Range: positive."""
     n_head: Optional[int] = None
@@ -210,7 +211,7 @@ class ProfileConfig:
     start: int = 0
     """Profile steps start .. start + steps - 1 with torch.profiler on every rank (steps count
     from 1; 0: no profiling). Traces, the time breakdown and the load balance go to
-    RUN_DIR/profile (zoo/observe/profile.py). Range: >= 0."""
+    RUN_DIR/profile (zoo/observe/profiler.py). Range: >= 0."""
     steps: int = 3
     """Steps in the profiled window. Range: positive."""
     with_stack: bool = False

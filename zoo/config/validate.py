@@ -62,21 +62,21 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     _check_micro_batch(cfg, layout, cuda_available)
     _check_scaler(cfg, layout, cuda_available)
     if m.init_from and spec.hf is not None and Path(m.init_from).expanduser().is_dir():  # the family it holds
-        from zoo.checkpoint.hf import family_of_hf
+        from zoo.checkpoint.hf_weights import family_of_hf
         from zoo.families import FAMILIES
 
         found = family_of_hf(m.init_from, FAMILIES.values())
         _require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
                                          f"model.family={m.family}; use model={found.name}")
     layers, what = spec.check(cfg, layout, warnings)
-    _require(spec.tp_plan is not None or layout.tp == 1,
-             f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel plan; use parallel.tp=1")
+    _require(spec.tp_rules is not None or layout.tp == 1,
+             f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel rules; use parallel.tp=1")
     if p.sequence_parallel and not spec.sequence_parallel:
         from zoo.families import FAMILIES
 
         raise ConfigError(f"parallel.sequence_parallel=true is implemented for model.family in "
                           f"{sorted(n for n, s in FAMILIES.items() if s.sequence_parallel)} only; model.family="
-                          f"{m.family} has no sequence-parallel plan; set parallel.sequence_parallel=false")
+                          f"{m.family} has no sequence-parallel rules; set parallel.sequence_parallel=false")
     if t.profile.start and t.profile.memory and not cuda_available:
         warnings.append("trainer.profile.memory=true records CUDA's allocator and no GPU is visible: the window "
                         "is profiled without it (the trace's memory view, profile_memory, is what the CPU has)")

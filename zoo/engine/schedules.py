@@ -10,7 +10,7 @@ One scheduler class for all of them, DeepSpeed's WarmupCosineLR with the ratio a
 chosen by the schedule: its warmup, its step counting and its state (`last_batch_iteration`,
 what a layout-free checkpoint keeps) are DeepSpeed's, so the cosine is DeepSpeed's own and a
 run resumed on any layout, or from a checkpoint of an older zoo, continues exactly.
-`lr_ratio` is the same curve as a plain function (tests, the README's figure).
+`lr_ratio` is the same curve as a plain function (tests, the figure in docs/monitoring.md).
 """
 from __future__ import annotations
 

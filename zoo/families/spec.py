@@ -2,7 +2,7 @@
 
 The trainer, validation, the planner, the monitor and export ask the spec and never the
 family's name. A spec holds the family's plain model and how its dimensions come from the
-config, its initialisation, tensor-parallel plan and pipeline loss, its task (data,
+config, its initialisation, tensor-parallel rules and pipeline loss, its task (data,
 batches, metrics), its part of validation, its Hugging Face converter and what the planner
 needs.
 """
@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple
 @dataclass(frozen=True)
 class HFConverter:
     """The family's Hugging Face transformers counterpart, tensor by tensor (an import reads
-    and an export writes one slice or one tensor at a time: zoo.checkpoint.hf)."""
+    and an export writes one slice or one tensor at a time: zoo.checkpoint.hf_weights)."""
 
     model_types: Tuple[str, ...]
     """config.json `model_type` values this family imports (`gpt2`)."""
@@ -59,7 +59,7 @@ class FamilySpec:
     """(model config, vocab_size or None, pad_token_id=0) -> its shape from the config alone;
     None where the shape depends on the data (the CNN's on the images)."""
     task: type
-    """Its `zoo.families.task.Task` subclass: data, batches, model for the layout, metrics."""
+    """Its `zoo.families.base_task.Task` subclass: data, batches, model for the layout, metrics."""
     init_std: Callable[[Any, Any], Callable[[str], Optional[float]]]
     """(shape, meta module) -> (full parameter name -> normal std, or None for zeros/ones)."""
     check: Callable[[Any, Any, List[str]], Tuple[int, str]]
@@ -78,11 +78,11 @@ class FamilySpec:
     """tp_group (or None) -> the loss of the pipeline's last stage on (logits, targets)."""
     flops_per_sample: Callable[[Any], Tuple[Optional[float], str]]
     """task -> (training FLOPs of one sample, how they were counted), for MFU."""
-    tp_plan: Optional[Any] = None
-    """Its `zoo.parallel.plans.TPPlan`; None: tensor parallelism is refused."""
-    tp_plan_of: Optional[Callable[[Any], Any]] = None
-    """shape -> the plan for that shape, where it depends on it (Llama: tied embeddings and
-    grouped-query heads); None: `tp_plan` for every shape."""
+    tp_rules: Optional[Any] = None
+    """Its `zoo.parallel.tp_rules.TPRules`; None: tensor parallelism is refused."""
+    tp_rules_of: Optional[Callable[[Any], Any]] = None
+    """shape -> the rules for that shape, where they depend on it (Llama: tied embeddings and
+    grouped-query heads); None: `tp_rules` for every shape."""
     hf: Optional[HFConverter] = None
     """Import (`model.init_from`) and `zoo.export`; None: neither."""
     mixes_data: bool = False
@@ -90,17 +90,17 @@ class FamilySpec:
     generates_text: bool = False
     """Samples text at the end (`trainer.sample_tokens`)."""
     planner: Optional[Callable[[Any, int], Any]] = None
-    """(model config, tokenizer vocabulary) -> `zoo.plan.families.ModelDesc`; None: not planned."""
+    """(model config, tokenizer vocabulary) -> `zoo.plan.model_desc.ModelDesc`; None: not planned."""
 
     def new_task(self, cfg, device, layout):
         """Its task for this run (`task` given the spec, so the family's code never looks a
         family up in the registry)."""
         return self.task(self, cfg, device, layout)
 
-    def plan(self, shape):
-        """The tensor-parallel plan that splits a model of `shape`."""
-        return self.tp_plan_of(shape) if self.tp_plan_of is not None else self.tp_plan
+    def tp_rules_for(self, shape):
+        """The tensor-parallel rules that split a model of `shape`."""
+        return self.tp_rules_of(shape) if self.tp_rules_of is not None else self.tp_rules
 
     @property
     def sequence_parallel(self) -> bool:
-        return self.tp_plan is not None and self.tp_plan.embedding is not None
+        return self.tp_rules is not None and self.tp_rules.embedding is not None

@@ -46,7 +46,7 @@ def _require(ok: bool, message: str) -> None:
 
 def imported_dims(spec, m: ModelConfig):
     """The shape of the transformers model that model.init_from names (its config.json)."""
-    from zoo.checkpoint.hf import hf_meta
+    from zoo.checkpoint.hf_weights import hf_meta
 
     try:  # validation named the family the directory holds before (zoo.config.validate)
         meta = hf_meta(m.init_from, spec, m.vocab_pad_multiple)

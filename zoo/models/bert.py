@@ -5,7 +5,7 @@ token-type embeddings, post-LayerNorm encoder layers (eps 1e-12) with exact-erf 
 the MLM head (dense, GELU, LayerNorm, then a decoder tied to the word embeddings with its
 own bias). Every parameter has the name it has in `BertForMaskedLM`'s state dict, so
 export and import are plain copies (`cls.predictions.bias` is HF's alias of the decoder
-bias). Nothing here knows about parallelism: `zoo.parallel.plans` swaps the projections for
+bias). Nothing here knows about parallelism: `zoo.parallel.tp_rules` swaps the projections for
 their tensor-parallel twins (q, k and v split by whole heads) and `zoo.parallel.pipeline`
 cuts `pipeline_layers()`, the list the forward runs, into stages.
 

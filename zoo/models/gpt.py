@@ -3,7 +3,7 @@
 The architecture is GPT-2's exactly (learned positions, pre-LayerNorm, tanh-GELU MLP,
 biases everywhere, input and output embeddings tied), with parameter names that mirror
 Hugging Face's `GPT2LMHeadModel` so that export and import are renames plus a transpose.
-Nothing here knows about parallelism: `zoo.parallel.plans` swaps layers for their
+Nothing here knows about parallelism: `zoo.parallel.tp_rules` swaps layers for their
 tensor-parallel twins and `zoo.parallel.pipeline` cuts `pipeline_layers()`, the list the
 forward runs, into stages.
 """

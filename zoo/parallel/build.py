@@ -3,7 +3,7 @@ only this stage's layers of it) is built on the meta device, the parallelize ste
 this rank's tensor-parallel shards (and data-parallel BatchNorms), then every parameter is
 materialised on the device and filled by the layout-free initialisation. A sharded rank
 never holds the full model. What differs between families (the model class, the init, the
-TP plan, the pipeline's loss) comes from the family's spec, which the caller passes (the
+TP rules, the pipeline's loss) comes from the family's spec, which the caller passes (the
 task has it; `zoo.families.family_of_shape` finds it for a shape): this module never looks a
 family up, so the families can build with it.
 """
@@ -18,8 +18,8 @@ import torch.nn as nn
 from zoo.models.init import init_parameters
 from zoo.models.meta import on_meta, to_empty
 from zoo.parallel.parallelize import parallelize
-from zoo.parallel.plans import sum_sequence_parallel_norm_grads, tie_parameters
 from zoo.parallel.topology import Layout
+from zoo.parallel.tp_rules import sum_sequence_parallel_norm_grads, tie_parameters
 
 
 def count_parameters(spec, shape) -> int:
@@ -34,18 +34,18 @@ def materialise(module: nn.Module, spec, shape, *, seed: int, device: torch.devi
     """Parallelize a meta-device module of family `spec` in place, allocate it on `device` and
     initialise it. Its parameter names must be the full model's (e.g. `h.3.attn.c_attn.weight`)."""
     std_of = spec.init_std(shape, module)
-    plan = spec.plan(shape)
-    parallelize(module, plan=plan, tp_group=tp_group, dp_group=dp_group,
+    rules = spec.tp_rules_for(shape)
+    parallelize(module, rules=rules, tp_group=tp_group, dp_group=dp_group,
                 sequence_parallel=sequence_parallel, device=device)
     to_empty(module, device)
-    if plan is not None:
-        tie_parameters(module, plan)  # materialising untied them
+    if rules is not None:
+        tie_parameters(module, rules)  # materialising untied them
     init_parameters(module, seed, std_of)
     for m in module.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()  # buffers: to_empty left them uninitialised
     if sequence_parallel and tp_group is not None:
-        sum_sequence_parallel_norm_grads(module, tp_group, norms=plan.sequence_parallel_norms)
+        sum_sequence_parallel_norm_grads(module, tp_group, norms=rules.sequence_parallel_norms)
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,12 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
     from zoo.engine.state import is_zero3
 
     std_of = spec.init_std(shape, module)
-    plan = spec.plan(shape)
-    parallelize(module, plan=plan, tp_group=tp_group, dp_group=dp_group, sequence_parallel=sequence_parallel,
+    rules = spec.tp_rules_for(shape)
+    parallelize(module, rules=rules, tp_group=tp_group, dp_group=dp_group, sequence_parallel=sequence_parallel,
                 device=device)
     for path, unit in _units(module):
-        if plan is not None:
-            tie_parameters(module, plan)  # a head takes its embedding's (partitioned) weight before it is built
+        if rules is not None:
+            tie_parameters(module, rules)  # a head takes its embedding's (partitioned) weight before it is built
         done = {id(p) for p in unit.parameters() if is_zero3(p)}
         tied = {name: p for name, p in unit.named_parameters(remove_duplicate=False) if id(p) in done}
         to_empty(unit, device)
@@ -109,7 +109,7 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
             deepspeed.zero.Init(module=unit, config_dict_or_path=zero3.config, data_parallel_group=zero3.group,
                                 dtype=zero3.dtype)
     if sequence_parallel and tp_group is not None:
-        sum_sequence_parallel_norm_grads(module, tp_group, norms=plan.sequence_parallel_norms)
+        sum_sequence_parallel_norm_grads(module, tp_group, norms=rules.sequence_parallel_norms)
 
 
 def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,

@@ -1,6 +1,6 @@
-"""The parallelize step: applied to a built single-device model, driven by plans as data.
+"""The parallelize step: applied to a built single-device model, driven by rules as data.
 
-Tensor parallelism replaces the submodules named in the model's plan (`zoo.parallel.plans`)
+Tensor parallelism replaces the submodules named in the model's rules (`zoo.parallel.tp_rules`)
 with their column-, row- or vocab-parallel twins; with tp == 1 the model is untouched.
 Data parallelism changes one kind of layer: BatchNorm, whose batch statistics would
 otherwise be each replica's own (and its running statistics drift apart, since DeepSpeed
@@ -20,20 +20,20 @@ import torch.nn.functional as F
 from zoo.parallel.mappings import all_reduce
 
 
-def parallelize(model: nn.Module, *, plan=None, tp_group=None, dp_group=None, sequence_parallel: bool = False,
+def parallelize(model: nn.Module, *, rules=None, tp_group=None, dp_group=None, sequence_parallel: bool = False,
                 device: torch.device = torch.device("cpu")) -> nn.Module:
-    """Apply the tensor-parallel `plan` (a `zoo.parallel.plans.TPPlan`, None: the model has
+    """Apply the tensor-parallel `rules` (a `zoo.parallel.tp_rules.TPRules`, None: the model has
     none) over `tp_group` and, with dp > 1, synchronise its BatchNorms over `dp_group`; in
     place (the model may still be on the meta device)."""
     if dp_group is not None and dist.get_world_size(dp_group) > 1:
         sync_batch_norms(model, dp_group)
     if tp_group is None or dist.get_world_size(tp_group) == 1:
         return model
-    from zoo.parallel.plans import apply_tp_plan
+    from zoo.parallel.tp_rules import apply_tp_rules
 
-    if plan is None:
-        raise ValueError("this model has no tensor-parallel plan; use parallel.tp=1")
-    return apply_tp_plan(model, tp_group, plan=plan, sequence_parallel=sequence_parallel, device=device)
+    if rules is None:
+        raise ValueError("this model has no tensor-parallel rules; use parallel.tp=1")
+    return apply_tp_rules(model, tp_group, rules=rules, sequence_parallel=sequence_parallel, device=device)
 
 
 class _SumOverGroup(torch.autograd.Function):

@@ -3,7 +3,7 @@
 A model lists its forward as layers (`pipeline_layers()`, `zoo.models.stages`): the
 submodules each uses, by path in the full model, and what it computes. Here each layer
 becomes a `StageLayer` that holds copies of those submodules, taken from the model built
-on the meta device, under their full-model paths (so TP plan patterns, init seeds and
+on the meta device, under their full-model paths (so TP rule patterns, init seeds and
 checkpoint names are the plain model's), and runs the model's own code for that layer.
 Only the stage that owns a layer materialises it. Layers with a `tie` key become DeepSpeed
 tied layers across the first and last stage. Stages are partitioned by parameter counts
@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
-from zoo.engine.pipeline import LayerListPipelineModule
+from zoo.engine.pipe_hooks import LayerListPipelineModule
 from zoo.parallel.topology import Layout, build_topology
 
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zoo.config.cli import TaskStarted, run_hydra_app
 from zoo.config.schema import register_configs
-from zoo.plan.schema import PlanRunConfig, register_plan_configs
+from zoo.plan.settings import PlanRunConfig, register_plan_configs
 
 register_configs()
 register_plan_configs()

@@ -1,10 +1,10 @@
 """The model as the planner sees it: a family's `FamilySpec.planner` looked up by
 `model.family` (the family layer's planner descriptions, in each family's plan.py, build on
-zoo.plan.families' types and never look a family up)."""
+zoo.plan.model_desc' types and never look a family up)."""
 from __future__ import annotations
 
 from zoo.config.schema import ModelConfig
-from zoo.plan.families import ModelDesc
+from zoo.plan.model_desc import ModelDesc
 
 
 def describe_model(cfg: ModelConfig, vocab_size: int) -> ModelDesc:

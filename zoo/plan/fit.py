@@ -54,7 +54,7 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
         micro, accum = micro_batching(cfg, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
     model = cfg.model
     if model.init_from:  # the imported model's dimensions (validation has read its config.json)
-        from zoo.checkpoint.hf import hf_meta
+        from zoo.checkpoint.hf_weights import hf_meta
         from zoo.families import family
 
         meta = hf_meta(model.init_from, family(model.family), model.vocab_pad_multiple)  # padded as imported

@@ -9,7 +9,7 @@ rank's partition as fp32 master weights even when the parameters already are fp3
 K = 12 with ZeRO 1-3 (ZeRO-3 has a branch meant to reuse the partition, but it compares a
 device name string with a torch.device and never takes it); tests/plan measures this.
 
-Activations follow Korthikanti et al. 2022 per token of each piece (`zoo.plan.families`),
+Activations follow Korthikanti et al. 2022 per token of each piece (`zoo.plan.model_desc`),
 times the tokens of a micro-batch and the micro-batches in flight: with 1F1B, stage i of p
 holds min(p - i, m) of them, so the first stage holds up to p. With activation
 checkpointing a layer keeps only its input, and backward recomputes one layer at a time.
@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, List
 
-from zoo.plan.families import ModelDesc, Piece
 from zoo.plan.layout import PlanLayout, stage_layer_counts
-from zoo.plan.schema import DTYPE_BYTES
+from zoo.plan.model_desc import ModelDesc, Piece
+from zoo.plan.settings import DTYPE_BYTES
 
 
 @dataclass(frozen=True)

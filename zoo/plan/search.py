@@ -19,10 +19,10 @@ from typing import Iterator, List, Optional
 
 from zoo.config.schema import ModelConfig
 from zoo.plan.describe import describe_model
-from zoo.plan.families import ModelDesc
 from zoo.plan.layout import PlanLayout
 from zoo.plan.memory import MemoryEstimate, layout_memory
-from zoo.plan.schema import ClusterConfig, PlanConfig, PlanRunConfig, check_plan
+from zoo.plan.model_desc import ModelDesc
+from zoo.plan.settings import ClusterConfig, PlanConfig, PlanRunConfig, check_plan
 from zoo.plan.step_time import StepTime, step_time
 
 GB = 1e9

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Tuple
 
-from zoo.plan.families import ModelDesc, Piece
 from zoo.plan.layout import PlanLayout
 from zoo.plan.memory import model_state_bytes, stage_layers, stage_params, stage_pieces
-from zoo.plan.schema import DTYPE_BYTES, ClusterConfig
+from zoo.plan.model_desc import ModelDesc, Piece
+from zoo.plan.settings import DTYPE_BYTES, ClusterConfig
 
 
 @dataclass(frozen=True)

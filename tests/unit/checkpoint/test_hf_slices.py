@@ -1,4 +1,4 @@
-"""A Hugging Face import read slice by slice (zoo.checkpoint.hf.HFWeights): a tensor-parallel
+"""A Hugging Face import read slice by slice (zoo.checkpoint.hf_weights.HFWeights): a tensor-parallel
 shard of a transposed, fused or vocabulary-padded tensor equals the same shard cut from the
 whole tensor, and reading it reads about the shard's bytes, not the tensor's."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 
 from tests.unit.models.test_vocab_padding import VOCAB, save_hf
 from zoo.checkpoint import sharded
-from zoo.checkpoint.hf import read_hf
+from zoo.checkpoint.hf_weights import read_hf
 from zoo.families import family
 from zoo.parallel.sharding import ShardSpec, shard_tensor
 

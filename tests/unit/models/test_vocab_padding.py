@@ -1,6 +1,6 @@
 """An imported vocabulary that tensor parallelism cannot split is padded inside zoo: zero
-rows at import (zoo.checkpoint.hf.read_hf, read slice by slice), the pad tokens' logits masked
-(HeadLogits), the rows stripped at export (zoo.checkpoint.hf.real_rows). The padded model's logits and loss equal transformers' on the
+rows at import (zoo.checkpoint.hf_weights.read_hf, read slice by slice), the pad tokens' logits masked
+(HeadLogits), the rows stripped at export (zoo.checkpoint.hf_weights.real_rows). The padded model's logits and loss equal transformers' on the
 unpadded weights; under tp=2 the masked shard equals tp=1."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from tests.unit.parallel._dist import run_ranks
 from tests.unit.parallel.test_gpt_tp import check_tp_equivalence
 from zoo.checkpoint.consolidate import assign_full_weights
-from zoo.checkpoint.hf import read_hf, real_rows
+from zoo.checkpoint.hf_weights import read_hf, real_rows
 from zoo.families import family
 from zoo.models.causal_lm import HeadLogits
 from zoo.models.gpt import GPT, GPTShape, gpt_shape

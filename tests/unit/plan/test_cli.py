@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO
 from zoo.plan.__main__ import run
-from zoo.plan.schema import PlanRunConfig
+from zoo.plan.settings import PlanRunConfig
 
 CONF = REPO / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))

@@ -18,9 +18,9 @@ from zoo.families import model_dims
 from zoo.families.transformer import padded_vocab
 from zoo.parallel.build import count_parameters
 from zoo.plan.describe import describe_model
-from zoo.plan.families import Activations, gpt_layer_activations
 from zoo.plan.layout import PlanLayout, stage_layer_counts
 from zoo.plan.memory import model_state_bytes, stage_memory
+from zoo.plan.model_desc import Activations, gpt_layer_activations
 from zoo.plan.step_time import training_flops_per_token
 
 GB = 1e9

@@ -10,8 +10,8 @@ from zoo.parallel.topology import Layout
 from zoo.plan.describe import describe_model
 from zoo.plan.fit import fit_warning, predict_fit
 from zoo.plan.layout import PlanLayout
-from zoo.plan.schema import ClusterConfig, PlanConfig
 from zoo.plan.search import enumerate_layouts, estimate, recommend
+from zoo.plan.settings import ClusterConfig, PlanConfig
 
 A100 = dict(name="dgx-a100", gpus_per_node=8, gpu_mem_gb=80, peak_tflops=312, fp32_tflops=156, hbm_gbps=2039,
             intra_node_gbps=300, inter_node_gbps=200, mfu=0.5, comm_efficiency=0.7)
@@ -144,8 +144,8 @@ def test_the_data_parallel_reason_says_what_holds_for_a_replica_larger_than_a_gp
 
     from zoo.config.schema import TrainerConfig
     from zoo.plan.report import _model_split_reason
-    from zoo.plan.schema import PlanRunConfig
     from zoo.plan.search import make_plan
+    from zoo.plan.settings import PlanRunConfig
 
     cfg = PlanRunConfig(model=ModelConfig(family="gpt", size="small"), cluster=ClusterConfig(nodes=1, **A100),
                         trainer=TrainerConfig(global_batch_size=512))

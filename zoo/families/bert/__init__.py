@@ -14,12 +14,12 @@ from zoo.families.transformer import (
 )
 from zoo.models.bert import BERT_SIZES, BertForMaskedLM, BertShape, bert_init_std, bert_shape
 from zoo.parallel.cross_entropy import TokenLoss
-from zoo.parallel.plans import TPPlan
+from zoo.parallel.tp_rules import TPRules
 
 # q, k and v are separate projections (HF's layout): split column-wise, each rank holds the
 # same whole heads of all three. The MLM decoder is the head tied to the vocab-parallel
 # word embeddings, its bias split with it; the head's transform stays replicated.
-TP_PLAN = TPPlan(
+TP_RULES = TPRules(
     layers=(
         ("bert.embeddings.word_embeddings", "vocab"),
         ("bert.encoder.layer.*.attention.self.query", "column"),
@@ -44,6 +44,6 @@ SPEC = FamilySpec(
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
     sizes=tuple(BERT_SIZES), data_keys=data_keys.MASKED_TEXT,
-    pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_plan=TP_PLAN,
+    pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_rules=TP_RULES,
     hf=HFConverter.of(hf, model_types=("bert",), loads_as="BertForMaskedLM"),
 )

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from data_pipelines.schedule import micro_batch_start
 from zoo.engine import micro_batching
-from zoo.families.task import AccuracyEvaluation, Batch, Task
+from zoo.families.base_task import AccuracyEvaluation, Batch, Task
 from zoo.families.transformer import padded_vocab, shape_from_config
 from zoo.models.bert import BertShape, bert_shape
 from zoo.run.errors import ConfigError
@@ -91,7 +91,7 @@ class BertTask(AccuracyEvaluation, Task):
         docs, source_key, self.data_counts = documents.texts, documents.key, documents.counts
         self.init_state, meta, tok_dir = None, None, cfg.data.tokenizer
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
-            from zoo.checkpoint.hf import read_hf
+            from zoo.checkpoint.hf_weights import read_hf
 
             meta, self.init_state = read_hf(cfg.model.init_from, self.spec)
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():

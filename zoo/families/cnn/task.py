@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
-from zoo.families.task import AccuracyEvaluation, Batch, Task
+from zoo.families.base_task import AccuracyEvaluation, Batch, Task
 from zoo.models.cnn import cnn_shape
 
 

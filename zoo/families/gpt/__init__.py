@@ -4,8 +4,8 @@ head and loss, optional sequence parallelism), `GPT2LMHeadModel` in and out, pla
 from __future__ import annotations
 
 from zoo.families import data_keys
-from zoo.families.causal_lm import CausalLMTask
-from zoo.families.gpt import hf, plan
+from zoo.families.causal_lm_task import CausalLMTask
+from zoo.families.gpt import hf, planner
 from zoo.families.spec import FamilySpec, HFConverter
 from zoo.families.transformer import (
     check_transformer,
@@ -14,9 +14,9 @@ from zoo.families.transformer import (
 )
 from zoo.models.gpt import GPT, GPT_SIZES, GPTShape, gpt_init_std, gpt_shape
 from zoo.parallel.cross_entropy import TokenLoss
-from zoo.parallel.plans import TPPlan
+from zoo.parallel.tp_rules import TPRules
 
-TP_PLAN = TPPlan(
+TP_RULES = TPRules(
     layers=(
         ("embed.wte", "vocab"),
         ("h.*.attn.c_attn", "column_qkv"),
@@ -42,8 +42,8 @@ SPEC = FamilySpec(
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
     sizes=tuple(GPT_SIZES), data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
-    pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_plan=TP_PLAN,
+    pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_rules=TP_RULES,
     hf=HFConverter.of(hf, model_types=("gpt2",), loads_as="GPT2LMHeadModel",
                    vocab_rows=("embed.wte.weight", "lm_head.weight")),
-    planner=plan.describe,
+    planner=planner.describe,
 )

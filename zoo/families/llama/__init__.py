@@ -9,8 +9,8 @@ import dataclasses
 from typing import List, Tuple
 
 from zoo.families import data_keys
-from zoo.families.causal_lm import CausalLMTask
-from zoo.families.llama import hf, plan
+from zoo.families.causal_lm_task import CausalLMTask
+from zoo.families.llama import hf, planner
 from zoo.families.spec import FamilySpec, HFConverter
 from zoo.families.transformer import PLACEHOLDER_VOCAB, check_transformer, imported_dims
 from zoo.models.llama import (
@@ -22,10 +22,10 @@ from zoo.models.llama import (
     llama_shape,
 )
 from zoo.parallel.cross_entropy import TokenLoss
-from zoo.parallel.plans import KVHeads, TPPlan
+from zoo.parallel.tp_rules import KVHeads, TPRules
 from zoo.run.errors import ConfigError
 
-TP_PLAN = TPPlan(
+TP_RULES = TPRules(
     layers=(
         ("model.embed_tokens", "vocab"),
         ("model.layers.*.self_attn.q_proj", "column"),
@@ -44,13 +44,13 @@ TP_PLAN = TPPlan(
 )
 
 
-def tp_plan_of(shape: LlamaShape) -> TPPlan:
-    """TP_PLAN with the key/value projections split by their heads where tp divides them, else
+def tp_rules_of(shape: LlamaShape) -> TPRules:
+    """TP_RULES with the key/value projections split by their heads where tp divides them, else
     replicated (KVHeads), and the head tied to the embedding when the shape ties them."""
     kv = KVHeads(shape.n_head, shape.n_kv_head)
-    layers = tuple((name, kv if name.endswith(("k_proj", "v_proj")) else style) for name, style in TP_PLAN.layers)
+    layers = tuple((name, kv if name.endswith(("k_proj", "v_proj")) else style) for name, style in TP_RULES.layers)
     ties = (("lm_head.weight", "model.embed_tokens.weight"),) if shape.tie_embeddings else ()
-    return dataclasses.replace(TP_PLAN, layers=layers, ties=ties)
+    return dataclasses.replace(TP_RULES, layers=layers, ties=ties)
 
 
 def _shape(cfg, vocab_size=None, pad_token_id=0) -> LlamaShape:
@@ -96,8 +96,8 @@ SPEC = FamilySpec(
     init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
     sizes=tuple(LLAMA_SIZES), data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
-    pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_plan=TP_PLAN, tp_plan_of=tp_plan_of,
-    planner=plan.describe,
+    pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_rules=TP_RULES, tp_rules_of=tp_rules_of,
+    planner=planner.describe,
     hf=HFConverter.of(hf, model_types=("llama",), loads_as="LlamaForCausalLM",
                    vocab_rows=("model.embed_tokens.weight", "lm_head.weight")),
 )

@@ -85,7 +85,7 @@ class ProfileWindow:
         self.prof.start()
         self.comm.annotate = True
         if self.pipelined:  # DeepSpeed's schedule instructions, each marked by its kind
-            from zoo.engine.pipeline import wrap_instructions
+            from zoo.engine.pipe_hooks import wrap_instructions
 
             wrap_instructions(self.engine, _marked)
         self.t0 = time.perf_counter()
@@ -95,7 +95,7 @@ class ProfileWindow:
         if self.prof is not None:
             self.comm.annotate = False
             if self.pipelined:
-                from zoo.engine.pipeline import unwrap_instructions
+                from zoo.engine.pipe_hooks import unwrap_instructions
 
                 unwrap_instructions(self.engine)
             with contextlib.suppress(Exception):
@@ -120,7 +120,7 @@ class ProfileWindow:
         window_s = time.perf_counter() - self.t0
         self.comm.annotate = False
         if self.pipelined:
-            from zoo.engine.pipeline import unwrap_instructions
+            from zoo.engine.pipe_hooks import unwrap_instructions
 
             unwrap_instructions(self.engine)
         self.prof.add_metadata_json("zoo", json.dumps({"rank": self.rank, **self.coords,

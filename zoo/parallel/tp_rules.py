@@ -1,6 +1,6 @@
-"""Tensor-parallel plans as data, and the one function that applies them.
+"""Tensor-parallel rules as data, and the one function that applies them.
 
-A model family's `TPPlan` (its spec in `zoo.families` holds it) is a table of (module-name
+A model family's `TPRules` (its spec in `zoo.families` holds it) is a table of (module-name
 pattern, style), the parameters tied across the swap and what sequence parallelism touches. `column`
 splits a Linear's outputs, `column_qkv` splits a fused [q; k; v] projection so each rank
 holds whole heads, `row` splits a Linear's inputs and all-reduces its output, `vocab`
@@ -47,7 +47,7 @@ class KVHeads:
 
 
 @dataclass(frozen=True)
-class TPPlan:
+class TPRules:
     """How one model family is split over a tensor-parallel group."""
 
     layers: Plan
@@ -105,32 +105,32 @@ def _find_parameter(root: nn.Module, name: str) -> Optional[nn.Parameter]:
         return None
 
 
-def tie_parameters(module: nn.Module, plan: TPPlan) -> None:
-    """Tie each of the plan's tied pairs that `module` holds both ends of."""
-    for name, source in plan.ties:
+def tie_parameters(module: nn.Module, rules: TPRules) -> None:
+    """Tie each of the rules's tied pairs that `module` holds both ends of."""
+    for name, source in rules.ties:
         target, tied_to = _find_parameter(module, name), _find_parameter(module, source)
         if target is not None and tied_to is not None:
             owner, _, attr = name.rpartition(".")
             setattr(module.get_submodule(owner), attr, tied_to)
 
 
-def apply_tp_plan(model: nn.Module, tp_group, *, plan: TPPlan,
+def apply_tp_rules(model: nn.Module, tp_group, *, rules: TPRules,
                   sequence_parallel: bool = False, device: torch.device = torch.device("cpu"),
                   prefix: str = "") -> nn.Module:
-    """Swap the plan's submodules of `model` (names relative to the full model via `prefix`)
+    """Swap the rules's submodules of `model` (names relative to the full model via `prefix`)
     for this rank's tensor-parallel shards, in place."""
-    if sequence_parallel and plan.embedding is None:
-        raise ValueError("this model family has no sequence-parallel plan; set parallel.sequence_parallel=false")
+    if sequence_parallel and rules.embedding is None:
+        raise ValueError("this model family has no sequence-parallel rules; set parallel.sequence_parallel=false")
     names = [(n, m) for n, m in model.named_modules() if n]
     for name, module in names:
         full = prefix + name
-        style = next((s for pattern, s in plan.layers if fnmatch(full, pattern)), None)
+        style = next((s for pattern, s in rules.layers if fnmatch(full, pattern)), None)
         if style is not None:
             _set_submodule(model, name, _replacement(module, style, tp_group, sequence_parallel, device))
-    tie_parameters(model, plan)  # the tie survives the swap
+    tie_parameters(model, rules)  # the tie survives the swap
     if hasattr(model, "loss_fn"):
         model.loss_fn = functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
-    embedding = _find_submodule(model, plan.embedding) if sequence_parallel else None
+    embedding = _find_submodule(model, rules.embedding) if sequence_parallel else None
     if embedding is not None:  # this module (or pipeline stage) holds the embedding
         embedding.register_forward_hook(
             lambda _m, _i, out: scatter_to_sequence_parallel_region(out, tp_group))

@@ -1,11 +1,11 @@
-"""What the planner needs to know about zoo's Llama (`zoo.plan.families.ModelDesc`): per piece
+"""What the planner needs to know about zoo's Llama (`zoo.plan.model_desc.ModelDesc`): per piece
 its parameters, the activations backward keeps, its FLOPs and its tensor-parallel traffic."""
 from __future__ import annotations
 
 from zoo.config.schema import ModelConfig
 from zoo.families.transformer import padded_vocab, shape_from_config
 from zoo.models.llama import llama_shape
-from zoo.plan.families import Activations, ModelDesc, ParamCount, Piece
+from zoo.plan.model_desc import Activations, ModelDesc, ParamCount, Piece
 
 
 def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:

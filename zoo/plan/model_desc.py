@@ -1,7 +1,7 @@
 """What the planner needs to know about a model, and one function per family that says it.
 
 A family plugs in with one function `(model_cfg, vocab_size) -> ModelDesc`, its spec's
-`planner` (`zoo.families`; GPT's is in `zoo/families/gpt/plan.py`). The description is plain numbers: for the input end, each layer
+`planner` (`zoo.families`; GPT's is in `zoo/families/gpt/planner.py`). The description is plain numbers: for the input end, each layer
 in order and the output end, its parameters (split into what tensor parallelism shards and
 what it replicates), the activations backward needs per token (split by how tp and sequence
 parallelism divide them), its forward FLOPs per token and its tensor-parallel all-reduces;

@@ -1,11 +1,11 @@
-"""What the planner needs to know about zoo's GPT (`zoo.plan.families.ModelDesc`): per piece
+"""What the planner needs to know about zoo's GPT (`zoo.plan.model_desc.ModelDesc`): per piece
 its parameters, the activations backward keeps, its FLOPs and its tensor-parallel traffic."""
 from __future__ import annotations
 
 from zoo.config.schema import ModelConfig
 from zoo.families.transformer import padded_vocab, shape_from_config
 from zoo.models.gpt import gpt_shape
-from zoo.plan.families import (
+from zoo.plan.model_desc import (
     Activations,
     ModelDesc,
     ParamCount,

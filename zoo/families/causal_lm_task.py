@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
-from zoo.families.task import Batch, Task
+from zoo.families.base_task import Batch, Task
 from zoo.families.transformer import padded_vocab
 
 PROMPT_TOKENS = 8  # the default prompt: this many tokens from the start of the held-out split
@@ -65,7 +65,7 @@ class CausalLMTask(Task):
         self.init_state, meta = None, None
         tok_dir = cfg.data.tokenizer
         if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
-            from zoo.checkpoint.hf import read_hf
+            from zoo.checkpoint.hf_weights import read_hf
 
             meta, self.init_state = read_hf(cfg.model.init_from, self.spec, cfg.model.vocab_pad_multiple)
             if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
