@@ -33,10 +33,12 @@ REPORTED_EXITS = (2, 3, 75, 130, 143)
 
 
 def _fail(message: str, run_dir: str | None) -> None:
-    """One line, exit code 2; an empty run directory we created is removed again."""
+    """One line, exit code 2; an empty run directory we created is removed again. Under an
+    external launcher every rank validates and fails alike: rank 0 says it, once."""
     if run_dir and os.path.isdir(run_dir) and not os.listdir(run_dir):
         os.rmdir(run_dir)
-    print(f"zoo: error: {message}", file=sys.stderr, flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"zoo: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
 
 

@@ -9,7 +9,9 @@ import contextlib
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -34,6 +36,26 @@ from zoo.run import signals
 from zoo.run.quiet import held_stdout
 
 DIVERGED_EXIT_CODE = 3  # the loss stayed non-finite
+
+
+@dataclass
+class _LoopClock:
+    """What the loop accounts for across steps: its start, the training time (without
+    compilation), the steps since the last log line, the last logged loss and the run of
+    non-finite steps."""
+
+    started: float
+    first_step: int
+    compile_start: float
+    compile_seen: float = 0.0
+    window_steps: int = 0
+    train_time: float = 0.0
+    loss: float = float("nan")
+    bad_steps: int = 0
+    first_bad: Optional[int] = None
+
+    def __post_init__(self):
+        self.compile_seen = self.compile_start
 
 
 class Trainer:
@@ -324,110 +346,27 @@ class Trainer:
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> None:
+        """The loop: a step, its evaluation when due, its log line, then the rules that act on
+        it (the ranks agree on signals, a non-finite loss and the background write; checkpoints;
+        divergence; a signal's stop), until the last step or early stopping; then the final
+        checkpoint, the result and the summary."""
         t = self.cfg.trainer
-        tokens_per_step = t.global_batch_size * self.task.tokens_per_sample()
-        self.log.write(f"zoo: {self.task.describe()} ({self.task.num_params():,} parameters) on {self.layout.name}, "
-                       f"global batch {t.global_batch_size} = micro {self.micro_batch_size} x accum "
-                       f"{self.grad_accum} x dp {self.layout.dp}, {self.cfg.precision.dtype}")
-        self.log.write(self.monitor.describe())
+        self._announce()
         self.loader = self.open_loader()
-        started, first_step = time.perf_counter(), self.step
-        compile_start = compile_seen = compile_seconds()
-        window_steps, train_time, loss = 0, 0.0, float("nan")
-        bad_steps, first_bad = 0, None  # consecutive steps whose loss was not finite, the first of them
+        clock = _LoopClock(started=time.perf_counter(), first_step=self.step, compile_start=compile_seconds())
         self.monitor.start_window()
         while self.step < t.max_steps:
-            t0 = time.perf_counter()
-            if self.profile is None:
-                local_loss = self.train_step()
-            else:
-                with self.profile.step(self.step + 1):
-                    local_loss = self._profiled_step()
-            step_s = time.perf_counter() - t0
-            compiled_until = compile_seconds()
-            compiled, compile_seen = compiled_until - compile_seen, compiled_until
-            if compiled:  # model.compile's lazy compilation: reported, not counted as training
-                step_s -= compiled
-                self.monitor.exclude(compiled)
-            train_time += step_s
-            window_steps += 1
-            if self.startup is not None and self.step == first_step + 1:
-                self.startup.mark("first_step")
-                self.log.write(self.startup.line())
-            if self.cfg.model.compile and self.step == first_step + 1:
-                self.log.write(f"zoo: compile: {compile_seen - compile_start:.1f} s compiling the model in the first "
-                               f"step (torch.compile, inductor); not counted in tokens/s or MFU")
-            if self.profile is not None:
-                self._profile_window_end(step_s)
-            # Every trainer.eval_every steps, and at the last step: the final evaluation is that
-            # step's record too, and counts for the best (checkpoint.best, early stopping).
-            due = (t.eval_every and self.step % t.eval_every == 0) or self.step == t.max_steps
-            evaluated = self.periodic_evaluation() if due and t.eval_batches != 0 else None
-            if evaluated:
-                self.last_eval = evaluated
-            if self.step % t.log_every == 0 or self.step == t.max_steps:
-                loss = self._dp_mean(local_loss)
-                record, diagnoses = self.monitor.report(self.step, loss, window_steps)
-                self.log.step({**record, **(evaluated or {})})
-                for line in diagnoses:
-                    self.log.write(f"zoo: diagnosis: {line}")
-                window_steps = 0
-            elif evaluated:
-                self.log.step(evaluated)
-            self.log.advance(1, None if math.isnan(loss) else loss)
-            writing = self.pending.state() if self.pending is not None else 0
-            received, nonfinite, writing = self._agree([signals.received(), int(not torch.isfinite(local_loss)), writing])
-            if self.pending is not None and writing != 1:  # every rank's write ended (or one failed)
-                self.finish_pending()
-            bad_steps, first_bad = (bad_steps + 1, first_bad or self.step) if nonfinite else (0, None)
-            if bad_steps >= t.max_nonfinite_steps:
-                self._stop_diverged(f"the loss is not finite at step {first_bad} ({bad_steps} steps in a row)")
-            if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0 and not nonfinite:
-                self.save_checkpoint(background=self.cfg.checkpoint.async_save and self.step < t.max_steps)
-            if received:
-                self._stop_on_signal(received)
+            local_loss = self._timed_step(clock)
+            evaluated = self._evaluate_if_due()
+            self._log_step(clock, local_loss, evaluated)
+            self._after_step(clock, local_loss)
             if self.stopped_early:
-                s, es = self.eval_state, t.early_stop
-                self.log.write(f"zoo: early stop at step {self.step}: {s['bad_evals']} evaluations without an eval loss "
-                               f"below the best, {s['best']:.4f} (step {s['best_step']}), by more than "
-                               f"{es.min_delta:g} (trainer.early_stop.patience={es.patience})")
+                self._say_early_stop()
                 break
-        self.finish_pending()
-        if bad_steps:  # fewer than max_nonfinite_steps were left: the run still diverged
-            self._stop_diverged(f"the loss is not finite at step {first_bad} ({bad_steps} steps in a row, "
-                                f"to the last step)")
-        if not self._parameters_finite():
-            self._stop_diverged(f"the parameters are not finite at step {self.step}")
-        self.log.close()
-        self.loader.close()  # the task is the trainer's again (evaluation, final metrics)
-        final_checkpoint = self.cfg.checkpoint.every or t.max_steps == 0  # max_steps=0: convert/evaluate
-        if final_checkpoint and not (self.ckpt_root / f"step_{self.step:07d}").exists():
-            self.save_checkpoint()
+        self._end_training(clock)
         last = self.last_eval  # this step's evaluation (the last step's, or early stopping's), else one now
         eval_loss = last["eval_loss"] if last is not None and last["step"] == self.step else self.evaluate()
-        extras = self.finish(eval_loss)
-        local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
-        per_rank = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, local)
-        summary = {
-            "final_loss": loss, **({} if eval_loss is None else {"eval_loss": eval_loss,
-                                                                 "eval_samples": self.task.eval_samples()}),
-            **self.monitor.summary(train_time, self.step - first_step),
-            **extras, "tokens_per_s": tokens_per_step * (self.step - first_step) / train_time if train_time else 0.0,
-            "steps": self.step, "world_size": self.layout.world_size, "tp": self.layout.tp,
-            "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
-            "params": self.task.num_params(), "params_per_rank": per_rank,
-            "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
-            "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
-            **({"best_eval_loss": self.eval_state["best"], "best_eval_step": self.eval_state["best_step"]}
-               if self.eval_state["best"] is not None else {}),
-            **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
-            "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - started,
-            **({"checkpoint_stall_s": self.stall_s} if self.cfg.checkpoint.async_save else {}),
-            **({"skipped_steps": engine_state.skipped_steps(self.engine),
-                "loss_scale": engine_state.loss_scale(self.engine)} if self.cfg.precision.dtype == "fp16" else {}),
-            **({"compile_s": compile_seconds() - compile_start} if self.cfg.model.compile else {}),
-            **({"startup": self.startup.phases()} if self.startup is not None else {})}
+        summary = self._summary(clock, eval_loss, self.finish(eval_loss))
         self.log.summary(summary)
         if self.rank == 0:
             from zoo.observe.result import result_lines
@@ -436,6 +375,134 @@ class Trainer:
             resumable = (self.ckpt_root / f"step_{self.step:07d}").is_dir()
             for line in result_lines(summary, self.run_dir, export=hf_export, resumable=resumable):
                 self.log.write(line)
+
+    def _announce(self) -> None:
+        t = self.cfg.trainer
+        self.log.write(f"zoo: {self.task.describe()} ({self.task.num_params():,} parameters) on {self.layout.name}, "
+                       f"global batch {t.global_batch_size} = micro {self.micro_batch_size} x accum "
+                       f"{self.grad_accum} x dp {self.layout.dp}, {self.cfg.precision.dtype}")
+        self.log.write(self.monitor.describe())
+
+    def _timed_step(self, clock: "_LoopClock") -> torch.Tensor:
+        """One optimizer step (profiled inside trainer.profile's window), timed without
+        model.compile's lazy compilation; the start's and the compile's lines after the first."""
+        t0 = time.perf_counter()
+        if self.profile is None:
+            local_loss = self.train_step()
+        else:
+            with self.profile.step(self.step + 1):
+                local_loss = self._profiled_step()
+        step_s = time.perf_counter() - t0
+        compiled_until = compile_seconds()
+        compiled, clock.compile_seen = compiled_until - clock.compile_seen, compiled_until
+        if compiled:  # model.compile's lazy compilation: reported, not counted as training
+            step_s -= compiled
+            self.monitor.exclude(compiled)
+        clock.train_time += step_s
+        clock.window_steps += 1
+        if self.step == clock.first_step + 1:
+            if self.startup is not None:
+                self.startup.mark("first_step")
+                self.log.write(self.startup.line())
+            if self.cfg.model.compile:
+                self.log.write(f"zoo: compile: {clock.compile_seen - clock.compile_start:.1f} s compiling the model "
+                               f"in the first step (torch.compile, inductor); not counted in tokens/s or MFU")
+        if self.profile is not None:
+            self._profile_window_end(step_s)
+        return local_loss
+
+    def _evaluate_if_due(self) -> dict | None:
+        """Every trainer.eval_every steps, and at the last step: the final evaluation is that
+        step's record too, and counts for the best (checkpoint.best, early stopping)."""
+        t = self.cfg.trainer
+        due = (t.eval_every and self.step % t.eval_every == 0) or self.step == t.max_steps
+        evaluated = self.periodic_evaluation() if due and t.eval_batches != 0 else None
+        if evaluated:
+            self.last_eval = evaluated
+        return evaluated
+
+    def _log_step(self, clock: "_LoopClock", local_loss: torch.Tensor, evaluated: dict | None) -> None:
+        """Every trainer.log_every steps (and the last): the monitor's record and diagnoses,
+        with this step's evaluation in the same record; an evaluation alone otherwise."""
+        t = self.cfg.trainer
+        if self.step % t.log_every == 0 or self.step == t.max_steps:
+            clock.loss = self._dp_mean(local_loss)
+            record, diagnoses = self.monitor.report(self.step, clock.loss, clock.window_steps)
+            self.log.step({**record, **(evaluated or {})})
+            for line in diagnoses:
+                self.log.write(f"zoo: diagnosis: {line}")
+            clock.window_steps = 0
+        elif evaluated:
+            self.log.step(evaluated)
+        self.log.advance(1, None if math.isnan(clock.loss) else clock.loss)
+
+    def _after_step(self, clock: "_LoopClock", local_loss: torch.Tensor) -> None:
+        """The rules every rank applies alike after a step: one all-reduce agrees on a signal,
+        a non-finite loss and the background write; a finished write is completed; too many
+        non-finite steps stop the run; a checkpoint is written when due (never of a
+        non-finite step); a signal stops the run after its checkpoint."""
+        t = self.cfg.trainer
+        writing = self.pending.state() if self.pending is not None else 0
+        received, nonfinite, writing = self._agree([signals.received(), int(not torch.isfinite(local_loss)), writing])
+        if self.pending is not None and writing != 1:  # every rank's write ended (or one failed)
+            self.finish_pending()
+        clock.bad_steps, clock.first_bad = ((clock.bad_steps + 1, clock.first_bad or self.step) if nonfinite
+                                            else (0, None))
+        if clock.bad_steps >= t.max_nonfinite_steps:
+            self._stop_diverged(f"the loss is not finite at step {clock.first_bad} ({clock.bad_steps} steps in a row)")
+        if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0 and not nonfinite:
+            self.save_checkpoint(background=self.cfg.checkpoint.async_save and self.step < t.max_steps)
+        if received:
+            self._stop_on_signal(received)
+
+    def _say_early_stop(self) -> None:
+        s, es = self.eval_state, self.cfg.trainer.early_stop
+        self.log.write(f"zoo: early stop at step {self.step}: {s['bad_evals']} evaluations without an eval loss "
+                       f"below the best, {s['best']:.4f} (step {s['best_step']}), by more than "
+                       f"{es.min_delta:g} (trainer.early_stop.patience={es.patience})")
+
+    def _end_training(self, clock: "_LoopClock") -> None:
+        """The background write completed, a run that ended non-finite stopped as diverged, the
+        log and the loader closed, and the final checkpoint (checkpointing on, or max_steps=0)."""
+        self.finish_pending()
+        if clock.bad_steps:  # fewer than max_nonfinite_steps were left: the run still diverged
+            self._stop_diverged(f"the loss is not finite at step {clock.first_bad} ({clock.bad_steps} steps in a "
+                                f"row, to the last step)")
+        if not self._parameters_finite():
+            self._stop_diverged(f"the parameters are not finite at step {self.step}")
+        self.log.close()
+        self.loader.close()  # the task is the trainer's again (evaluation, final metrics)
+        final_checkpoint = self.cfg.checkpoint.every or self.cfg.trainer.max_steps == 0  # 0: convert/evaluate
+        if final_checkpoint and not (self.ckpt_root / f"step_{self.step:07d}").exists():
+            self.save_checkpoint()
+
+    def _summary(self, clock: "_LoopClock", eval_loss: float | None, extras: dict) -> dict:
+        """summary.json: the result, the monitor's summary, the layout, the batch and the run's facts."""
+        t = self.cfg.trainer
+        steps = self.step - clock.first_step
+        tokens_per_step = t.global_batch_size * self.task.tokens_per_sample()
+        local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, local)
+        return {
+            "final_loss": clock.loss, **({} if eval_loss is None else {"eval_loss": eval_loss,
+                                                                       "eval_samples": self.task.eval_samples()}),
+            **self.monitor.summary(clock.train_time, steps),
+            **extras, "tokens_per_s": tokens_per_step * steps / clock.train_time if clock.train_time else 0.0,
+            "steps": self.step, "world_size": self.layout.world_size, "tp": self.layout.tp,
+            "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
+            "params": self.task.num_params(), "params_per_rank": per_rank,
+            "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
+            "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
+            **({"best_eval_loss": self.eval_state["best"], "best_eval_step": self.eval_state["best_step"]}
+               if self.eval_state["best"] is not None else {}),
+            **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
+            "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - clock.started,
+            **({"checkpoint_stall_s": self.stall_s} if self.cfg.checkpoint.async_save else {}),
+            **({"skipped_steps": engine_state.skipped_steps(self.engine),
+                "loss_scale": engine_state.loss_scale(self.engine)} if self.cfg.precision.dtype == "fp16" else {}),
+            **({"compile_s": compile_seconds() - clock.compile_start} if self.cfg.model.compile else {}),
+            **({"startup": self.startup.phases()} if self.startup is not None else {})}
 
     def _agree(self, flags):
         """The maximum of each flag over all ranks (one small all-reduce per step)."""

@@ -27,6 +27,18 @@ def test_torchrun(run_zoo, tmp_path):
     assert (s["world_size"], s["dp"], s["zero_stage"]) == (2, 2, 1)
 
 
+def test_under_torchrun_a_config_error_is_said_once(run_zoo, tmp_path):
+    """Every rank validates and refuses; rank 0 alone prints the line (#33 item 10: each of
+    torchrun's ranks printed it)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run = run_zoo(cmd=[str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
+                       f"hydra.run.dir={tmp_path / 'run'}", "parallel=zero1", "trainer.global_batch_size=7", *FAST],
+                  run_dir=tmp_path / "run", check=False)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("zoo: error:")]
+    assert run.returncode != 0 and len(errors) == 1 and "trainer.global_batch_size=7" in errors[0], run.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(shutil.which("deepspeed", path=str(Path(sys.executable).parent)) is None,
                     reason="the deepspeed launcher script is not installed beside this python")
 @pytest.mark.parametrize("flags", [[], ["--no_local_rank"]], ids=["as-the-readme-prints-it", "no-local-rank"])
