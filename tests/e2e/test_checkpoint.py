@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import REPO
 from tests.e2e.checkpoint_runs import FAST, STEPS, after, losses_by_step
-from tests.unit.test_checkpoint import ExecutesCode
+from tests.unit.checkpoint.test_checkpoint import ExecutesCode
 from zoo.checkpoint.verify import write_checksums
 
 

@@ -85,7 +85,7 @@ def test_bert_3d_matches_single_process(family_run):
 ])
 def test_refused_combination_says_why(run_zoo, overrides, needle):
     """The CLI's exit; the other refusals (sequence parallelism, data of the wrong kind) are
-    checked in tests/unit/test_config.py."""
+    checked in tests/unit/config/test_config.py."""
     run = run_zoo(*overrides, check=False)
     assert run.returncode == 2, run.stderr
     assert needle in run.stderr and "Traceback" not in run.stderr + run.stdout

@@ -20,7 +20,7 @@ FAST = ["debug=fast", "trainer.sample_tokens=0", "trainer.eval_batches=1", "opti
 
 # -- units ------------------------------------------------------------------------------------
 
-from tests.unit.test_tracking import outside_traffic
+from tests.unit.observe.test_tracking import outside_traffic
 
 
 def wandb_records(path: Path):

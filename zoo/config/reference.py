@@ -1,6 +1,6 @@
 """The config reference, generated from the schema: every key of `zoo.config.schema.Config`
 with its type, its default and the docstring under it (which states the key's range, held
-to zoo.config.ranges by tests/unit/test_config_ranges.py), each config group's options from
+to zoo.config.ranges by tests/unit/config/test_config_ranges.py), each config group's options from
 conf/ and each family's size presets. The checked-in docs/config.md is this module's output; a unit test fails when it
 is stale:
 
@@ -60,7 +60,7 @@ def _default(value) -> str:
 def render() -> str:
     lines = ["# Config reference", "",
              "Generated from `zoo/config/schema.py` by `python -m zoo.config.reference > docs/config.md`;",
-             "`tests/unit/test_config_reference.py` fails when this file is stale. Every key is typed: a",
+             "`tests/unit/config/test_config_reference.py` fails when this file is stale. Every key is typed: a",
              "misspelled key or a wrong type fails at composition, naming the key (exit code 2); a",
              "number outside its range is refused before any process starts.", "",
              "## Groups", "", "`python -m zoo.train group=option ...` picks a file of `conf/<group>/`:", ""]

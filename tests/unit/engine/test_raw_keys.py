@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_config import check, composed
+from tests.unit.config.test_config import check, composed
 from zoo.run.errors import ConfigError
 
 
@@ -33,7 +33,7 @@ def test_no_raw_keys_import_no_deepspeed():
     import subprocess
     import sys
 
-    code = ("import sys; from tests.unit.test_config import check, composed; check(composed('parallel=zero1')); "
+    code = ("import sys; from tests.unit.config.test_config import check, composed; check(composed('parallel=zero1')); "
             "print('deepspeed' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]

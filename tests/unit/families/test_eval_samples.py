@@ -20,7 +20,7 @@ class Numbered(Task):
 
     def __init__(self, held: int, eval_batches, global_batch: int):
         cfg = SimpleNamespace(trainer=SimpleNamespace(eval_batches=eval_batches, global_batch_size=global_batch))
-        super().__init__(cfg, torch.device("cpu"), Layout(tp=1, pp=1, dp=1))
+        super().__init__(None, cfg, torch.device("cpu"), Layout(tp=1, pp=1, dp=1))
         self.held = held
 
     def num_eval(self) -> int:

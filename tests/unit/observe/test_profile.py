@@ -95,7 +95,7 @@ def test_the_profile_command_prints_one_run_or_two_and_refuses_what_did_not_prof
 
 
 def _cfg(*overrides):
-    from tests.unit.test_config import composed
+    from tests.unit.config.test_config import composed
 
     return composed(*overrides)
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import zoo.config.schema as schema
-from tests.unit.test_config import check, composed
+from tests.unit.config.test_config import check, composed
 from zoo.config.ranges import RANGES, numeric_keys
 from zoo.run.errors import ConfigError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.test_config import check, composed
+from tests.unit.config.test_config import check, composed
 from zoo.config.validate import ConfigError
 from zoo.families import family_of_shape as spec_of
 from zoo.models.compile import c_compiler

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_config import composed
+from tests.unit.config.test_config import composed
 from zoo.config.paths import check_paths
 from zoo.families import family
 from zoo.run.errors import ConfigError
@@ -57,7 +57,7 @@ def test_a_held_out_prepared_file_must_be_one_made_with_the_same_tokenizer(tmp_p
 
 
 def test_an_import_on_prepared_data_is_refused_instead_of_ignored():
-    from tests.unit.test_config import check
+    from tests.unit.config.test_config import check
 
     with pytest.raises(ConfigError, match="model.init_from=/m with data=prepared: a prepared file trains zoo's own"):
         check(composed("data=prepared", "data.path=/p", "model.init_from=/m"))
