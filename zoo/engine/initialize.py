@@ -13,14 +13,16 @@ from zoo.parallel.topology import Layout
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
-    """Decay matrices only; biases, norms and position tables are not decayed."""
+    """Decay matrices only; biases and norms are not decayed, nor the parameters of a module
+    the model marks `decayed = False` (GPT's position table)."""
+    kept = {id(p) for m in model.modules() if getattr(m, "decayed", True) is False for p in m.parameters()}
     decay, no_decay, seen = [], [], set()
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if id(p) in seen or not p.requires_grad:
             continue
         seen.add(id(p))
         matrix = len(full_shape(p)) >= 2  # a ZeRO-3 parameter built partitioned is flat: its own shape
-        (decay if matrix and "wpe" not in name else no_decay).append(p)
+        (decay if matrix and id(p) not in kept else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

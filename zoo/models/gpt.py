@@ -111,6 +111,7 @@ class Embeddings(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(shape.vocab_size, shape.n_embd)
         self.wpe = nn.Embedding(shape.block_size, shape.n_embd)
+        self.wpe.decayed = False  # a position table is not weight-decayed (zoo.engine.initialize.param_groups)
         self.drop = nn.Dropout(shape.dropout)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
