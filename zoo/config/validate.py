@@ -13,15 +13,10 @@ from zoo.config.paths import check_paths
 from zoo.config.ranges import check_ranges, range_warnings
 from zoo.config.schema import Config, PrecisionConfig
 from zoo.parallel.topology import Layout
-from zoo.run.errors import ConfigError
+from zoo.run.errors import ConfigError, require
 
 DTYPES = ("fp32", "bf16", "fp16")
 LOGGERS = ("wandb", "none")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List[str]]:
@@ -34,7 +29,7 @@ def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List
         dp = p.dp or 1
     else:
         model_ranks = p.tp * p.pp
-        _require(world_size % model_ranks == 0,
+        require(world_size % model_ranks == 0,
                  f"world size {world_size} is not divisible by parallel.tp({p.tp}) * parallel.pp({p.pp}) "
                  f"= {model_ranks}; launch a multiple of {model_ranks} ranks or change tp/pp")
         dp = world_size // model_ranks
@@ -51,9 +46,9 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     warnings: List[str] = range_warnings(cfg)
     t, p, m = cfg.trainer, cfg.parallel, cfg.model
     spec = family(m.family)
-    _require(cfg.precision.dtype in DTYPES,
+    require(cfg.precision.dtype in DTYPES,
              f"precision.dtype={cfg.precision.dtype!r} is unknown; choose one of {list(DTYPES)}")
-    _require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
+    require(cfg.logger.kind in LOGGERS, f"logger.kind={cfg.logger.kind!r} is unknown; choose one of {list(LOGGERS)}")
     _check_choices(cfg, cuda_available)
     if not m.init_from:
         check_size(m.family, m.size)
@@ -66,10 +61,10 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
         from zoo.families import FAMILIES
 
         found = family_of_hf(m.init_from, FAMILIES.values())
-        _require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
+        require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
                                          f"model.family={m.family}; use model={found.name}")
     layers, what = spec.check(cfg, layout, warnings)
-    _require(spec.tp_rules is not None or layout.tp == 1,
+    require(spec.tp_rules is not None or layout.tp == 1,
              f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel rules; use parallel.tp=1")
     if p.sequence_parallel and not spec.sequence_parallel:
         from zoo.families import FAMILIES
@@ -91,10 +86,10 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     if not spec.generates_text and t.sample_tokens > 0:
         warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
                         f"generates no text")
-    _require(layout.pp <= layers,
+    require(layout.pp <= layers,
              f"parallel.pp={layout.pp} is more than the {layers} {what}; use pp <= {layers}")
     if layout.pp > 1:
-        _require(p.zero_stage <= 1,
+        require(p.zero_stage <= 1,
                  f"parallel.zero_stage={p.zero_stage} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine supports "
                  f"ZeRO stage 0 or 1 only; set parallel.zero_stage=1 or parallel.pp=1")
     _check_batches(cfg, layout, warnings)
@@ -122,7 +117,7 @@ def _check_compile(cuda_available: bool) -> None:
     from zoo.models.compile import c_compiler
 
     if cuda_available:
-        _require(importlib.util.find_spec("triton") is not None,
+        require(importlib.util.find_spec("triton") is not None,
                  "model.compile=true on a GPU needs Triton (torch.compile's inductor writes its GPU kernels in it) "
                  "and it is not installed; pip install triton (the version your torch pins) or set "
                  "model.compile=false")
@@ -147,26 +142,26 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
     import re
 
     p, mode = cfg.parallel, cfg.logger.mode
-    _require(mode is None or mode in WANDB_MODES,
+    require(mode is None or mode in WANDB_MODES,
              f"logger.mode={mode!r} is unknown; choose one of {list(WANDB_MODES)} (or null: online when wandb "
              f"credentials exist, else offline)")
-    _require(p.backend is None or p.backend in BACKENDS,
+    require(p.backend is None or p.backend in BACKENDS,
              f"parallel.backend={p.backend!r} is unknown; choose one of {list(BACKENDS)} (or null: nccl on CUDA, gloo "
              f"on CPU)")
-    _require(p.backend != "nccl" or cuda_available,
+    require(p.backend != "nccl" or cuda_available,
              "parallel.backend=nccl needs CUDA and no GPU is visible; use parallel.backend=gloo (or null) here")
     if p.backend == "mpi":
         import torch.distributed as dist
 
-        _require(dist.is_mpi_available(), "parallel.backend=mpi: this torch was built without MPI; use "
+        require(dist.is_mpi_available(), "parallel.backend=mpi: this torch was built without MPI; use "
                                           "parallel.backend=gloo (CPU) or nccl (CUDA), or null")
     from zoo.engine.schedules import SCHEDULES
 
-    _require(cfg.optim.name in ("adamw", "sgd"),
+    require(cfg.optim.name in ("adamw", "sgd"),
              f"optim.name={cfg.optim.name!r} is unknown; choose optim=adamw or optim=sgd")
-    _require(not (cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0),
+    require(not (cfg.optim.name == "sgd" and cfg.optim.nesterov and cfg.optim.momentum == 0),
              "optim.nesterov=true needs momentum: set optim.momentum > 0 (e.g. 0.9)")
-    _require(cfg.optim.schedule in SCHEDULES,
+    require(cfg.optim.schedule in SCHEDULES,
              f"optim.schedule={cfg.optim.schedule!r} is unknown; choose one of {list(SCHEDULES)}")
     method = p.partition_method
     if method.startswith("type:"):
@@ -176,7 +171,7 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
             raise ConfigError(f"parallel.partition_method={method!r}: {err} in the regular expression; give "
                               f"type:REGEX matching layer class names, e.g. type:Block") from None
     else:
-        _require(method in PARTITION_METHODS,
+        require(method in PARTITION_METHODS,
                  f"parallel.partition_method={method!r} is unknown; choose one of {list(PARTITION_METHODS)} "
                  f"or type:REGEX (stages balanced by the layers whose class name matches)")
 
@@ -188,7 +183,7 @@ def _check_data(cfg: Config, spec) -> None:
     sources = spec.data_sources
     if d.name not in sources:
         known = sorted({s for other in FAMILIES.values() for s in other.data_sources})
-        _require(d.name in known, f"data.name={d.name!r} is unknown; choose one of {known}")
+        require(d.name in known, f"data.name={d.name!r} is unknown; choose one of {known}")
         hint = ", ".join(f"data={s}" for s in sources)
         raise ConfigError(f"data.name={d.name!r} does not fit model.family={family}, which reads {spec.reads}; "
                           f"use {hint}" + (" (files and hub with data.path)" if "files" in sources else ""))
@@ -197,18 +192,18 @@ def _check_data(cfg: Config, spec) -> None:
                 else "a text file, a directory or a glob (txt, jsonl, parquet, csv)",
                 "hub": "a Hugging Face dataset name or a local dataset directory",
                 "prepared": "the output directory of `python -m data_pipelines.prepare`"}[d.name]
-        _require(bool(d.path), f"data.name={d.name} needs data.path: {what}")
-    _require(not (d.name == "prepared" and cfg.model.init_from),
+        require(bool(d.path), f"data.name={d.name} needs data.path: {what}")
+    require(not (d.name == "prepared" and cfg.model.init_from),
              f"model.init_from={cfg.model.init_from} with data=prepared: a prepared file trains zoo's own "
              f"initialisation only (an import's weights and tokenizer are read on text sources); give the text as "
              f"data=files or data=hub with model.init_from, or drop model.init_from")
     _check_data_keys(cfg, spec)
     if d.mix:
-        _require(spec.mixes_data, f"data.mix mixes text sources for the families that read several "
+        require(spec.mixes_data, f"data.mix mixes text sources for the families that read several "
                                   f"({sorted(n for n, s in FAMILIES.items() if s.mixes_data)}); "
                                   f"model.family={family} reads one source")
         for m in d.mix:
-            _require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
+            require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
                      f"data.mix entry {m} needs name: pydoc, files or hub (and path, weight)")
 
 
@@ -254,7 +249,7 @@ def _check_scaler(cfg: Config, layout: Layout, cuda_available: bool) -> None:
     if prec.dtype == "fp16" and not cuda_available:
         from zoo.engine.half import cpu_computes_fp16
 
-        _require(cpu_computes_fp16(), "precision=fp16: torch does not compute float16 on this CPU (the probe's "
+        require(cpu_computes_fp16(), "precision=fp16: torch does not compute float16 on this CPU (the probe's "
                                       "fp16 matmul failed or overflowed wrongly); use precision=bf16 or fp32")
     if prec.dtype == "fp16" and layout.pp > 1 and layout.zero_stage == 0:
         raise ConfigError(f"precision=fp16 with parallel.pp={layout.pp} at parallel.zero_stage=0: DeepSpeed's pipeline "
@@ -279,16 +274,16 @@ def _check_scaler(cfg: Config, layout: Layout, cuda_available: bool) -> None:
 def _check_micro_batch(cfg: Config, layout: Layout, cuda_available: bool) -> None:
     mb, p = cfg.trainer.micro_batch_size, cfg.parallel
     if mb != "auto":  # a positive number (zoo.config.ranges)
-        _require(isinstance(mb, int) and not isinstance(mb, bool),
+        require(isinstance(mb, int) and not isinstance(mb, bool),
                  f"trainer.micro_batch_size={mb!r} must be an integer, or auto")
         return
-    _require(cuda_available, "trainer.micro_batch_size=auto measures the peak memory of real training steps on a "
+    require(cuda_available, "trainer.micro_batch_size=auto measures the peak memory of real training steps on a "
                              "CUDA device and none is visible; set a number (python -m zoo.plan suggests one)")
-    _require(layout.pp == 1 and p.num_microbatches is None,
+    require(layout.pp == 1 and p.num_microbatches is None,
              f"trainer.micro_batch_size=auto: with parallel.pp={layout.pp} / parallel.num_microbatches="
              f"{p.num_microbatches} the micro-batch is global / (dp x micro-batches) and not set directly; "
              f"drop auto and set parallel.num_microbatches (2-4 x the stages)")
-    _require(cfg.trainer.global_batch_size % layout.dp == 0,
+    require(cfg.trainer.global_batch_size % layout.dp == 0,
              f"trainer.global_batch_size={cfg.trainer.global_batch_size} is not divisible by dp({layout.dp}); "
              f"set it to a multiple of {layout.dp}")
 
@@ -302,14 +297,14 @@ def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
     else:
         count = p.num_microbatches or 3 * layout.pp
         per_step, what = count * layout.dp, f"micro-batches({count}) * dp({layout.dp})"
-        _require(count >= layout.pp,
+        require(count >= layout.pp,
                  f"{count} micro-batches per step is fewer than the {layout.pp} pipeline stages: stages would sit "
                  f"idle; set parallel.num_microbatches to at least {2 * layout.pp} (2-4 x pp)")
         if count < 2 * layout.pp:
             bubble = (layout.pp - 1) / (count + layout.pp - 1)
             warnings.append(f"{count} micro-batches for {layout.pp} pipeline stages: the expected bubble is "
                             f"(p-1)/(m+p-1) = {bubble:.0%} of the step; use parallel.num_microbatches >= {2 * layout.pp}")
-    _require(t.global_batch_size % per_step == 0,
+    require(t.global_batch_size % per_step == 0,
              f"trainer.global_batch_size={t.global_batch_size} is not divisible by {what} = {per_step}; "
              f"set trainer.global_batch_size to a multiple of {per_step}, "
              f"e.g. {max(1, round(t.global_batch_size / per_step)) * per_step}")

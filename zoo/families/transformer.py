@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 
 from zoo.config.schema import Config, ModelConfig
 from zoo.parallel.topology import Layout
-from zoo.run.errors import ConfigError
+from zoo.run.errors import ConfigError, require
 
 # Used for checks before the tokenizer is known; any multiple of the pad size.
 PLACEHOLDER_VOCAB = 128
@@ -39,11 +39,6 @@ def shape_from_config(make_shape, cfg: ModelConfig, vocab_size: Optional[int] = 
     return make_shape(cfg.size, vocab_size or PLACEHOLDER_VOCAB, **config_overrides(cfg), **extra)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
 def imported_dims(spec, m: ModelConfig):
     """The shape of the transformers model that model.init_from names (its config.json)."""
     from zoo.checkpoint.hf_weights import hf_meta
@@ -70,17 +65,17 @@ def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) ->
             raise ConfigError(f"model.{key}={getattr(m, key)}: model.family={m.family} has no such setting (a Llama "
                               f"key{'; its embeddings are always tied' if key == 'tie_embeddings' else ''}); remove it")
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
-        _require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
-    _require(dims.n_embd % dims.n_head == 0,
+        require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
+    require(dims.n_embd % dims.n_head == 0,
              f"model.n_embd={dims.n_embd} is not divisible by model.n_head={dims.n_head}")
     if layout.tp > 1:
         heads = "the imported model's heads" if m.init_from else "model.n_head"
         for what, size in ((heads, dims.n_head), ("the FFN width", dims.ffn_dim)):
-            _require(size % layout.tp == 0,
+            require(size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide {what} ({size}); choose tp among "
                      f"{[d for d in range(1, size + 1) if size % d == 0 and d <= 64]}")
         if m.init_from:
-            _require(dims.vocab_size % layout.tp == 0,
+            require(dims.vocab_size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide the vocabulary of model.init_from={m.init_from} "
                      f"({dims.vocab_size} tokens), which the embedding splits by rows; "
                      + (f"zoo pads an imported vocabulary to a multiple of model.vocab_pad_multiple="
@@ -89,11 +84,11 @@ def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) ->
                         f"model's vocabulary first (transformers: resize_token_embeddings(n, "
                         f"pad_to_multiple_of={128 * layout.tp}))"))
         elif m.vocab_size is None:
-            _require(m.vocab_pad_multiple % layout.tp == 0,
+            require(m.vocab_pad_multiple % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide model.vocab_pad_multiple ({m.vocab_pad_multiple}), "
                      f"the multiple the vocabulary is padded to; set model.vocab_pad_multiple to a multiple of {layout.tp}")
         else:
-            _require(m.vocab_size % layout.tp == 0,
+            require(m.vocab_size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide model.vocab_size ({m.vocab_size}); pad it to "
                      f"{-(-m.vocab_size // (128 * layout.tp)) * 128 * layout.tp} or leave model.vocab_size null")
     return dims.n_layer, f"layers of model.init_from={m.init_from}" if m.init_from else f"layers of model.size={m.size}"

@@ -24,6 +24,12 @@ class ConfigError(ZooError):
     """A config value or combination that cannot run."""
 
 
+def require(ok: bool, message: str) -> None:
+    """Raise ConfigError(message) unless `ok`: validation's one-line refusals."""
+    if not ok:
+        raise ConfigError(message)
+
+
 class DataError(ZooError):
     """A data source that cannot be read: a missing path, no usable records, a missing column."""
 

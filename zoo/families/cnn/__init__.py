@@ -19,12 +19,7 @@ from zoo.models.cnn import (
 )
 from zoo.observe.flops import counted_flops_per_sample
 from zoo.parallel.topology import Layout
-from zoo.run.errors import ConfigError
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
+from zoo.run.errors import ConfigError, require
 
 
 def check(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, str]:
@@ -34,9 +29,9 @@ def check(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, str]:
         shape = cnn_shape(m.size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    _require(not m.init_from, f"model.init_from={m.init_from}: importing from transformers is for the families with a "
+    require(not m.init_from, f"model.init_from={m.init_from}: importing from transformers is for the families with a "
                               f"transformers counterpart (model=gpt, model=bert); the CNN has no transformers counterpart: leave model.init_from null")
-    _require(layout.tp == 1,
+    require(layout.tp == 1,
              f"parallel.tp={layout.tp} with model.family=cnn: tensor parallelism splits each layer's weights "
              f"across ranks and exchanges activations after every layer; a ResNet's convolutions at these sizes "
              f"(at most a few million weights each) gain nothing from that, and data parallelism is the right tool: "
@@ -45,7 +40,7 @@ def check(cfg: Config, layout: Layout, warnings: List[str]) -> tuple[int, str]:
         if getattr(m, key) is not None:
             warnings.append(f"model.{key}={getattr(m, key)} is ignored by model.family=cnn: its shape comes from "
                             f"model.size ({m.size}) and the images")
-    _require(not m.activation_checkpointing,
+    require(not m.activation_checkpointing,
              "model.activation_checkpointing=true is not supported for model.family=cnn: recomputing a block in "
              "backward would update its BatchNorm running statistics a second time; set it to false")
     if m.dropout:

@@ -23,7 +23,7 @@ from zoo.models.llama import (
 )
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.tp_rules import KVHeads, TPRules
-from zoo.run.errors import ConfigError
+from zoo.run.errors import ConfigError, require
 
 TP_RULES = TPRules(
     layers=(
@@ -59,11 +59,6 @@ def _shape(cfg, vocab_size=None, pad_token_id=0) -> LlamaShape:
                        block_size=cfg.block_size, rope_theta=cfg.rope_theta, tie_embeddings=cfg.tie_embeddings)
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
 def check(cfg, layout, warnings: List[str]) -> Tuple[int, str]:
     """The transformer checks, then grouped-query attention and RoPE."""
     m = cfg.model
@@ -71,13 +66,13 @@ def check(cfg, layout, warnings: List[str]) -> Tuple[int, str]:
         shape = imported_dims(SPEC, m) if m.init_from else _shape(m, m.vocab_size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    _require(shape.n_kv_head >= 1 and shape.n_head % shape.n_kv_head == 0,
+    require(shape.n_kv_head >= 1 and shape.n_head % shape.n_kv_head == 0,
              f"model.n_kv_head={shape.n_kv_head} does not divide model.n_head={shape.n_head}; choose n_kv_head among "
              f"{[d for d in range(1, shape.n_head + 1) if shape.n_head % d == 0]}")
-    _require(shape.n_embd % shape.n_head == 0 and shape.head_dim % 2 == 0,
+    require(shape.n_embd % shape.n_head == 0 and shape.head_dim % 2 == 0,
              f"model.n_embd={shape.n_embd} / model.n_head={shape.n_head} gives head size {shape.n_embd / shape.n_head:g}; "
              f"rotary embeddings need an even whole head size")
-    _require(m.dropout == 0, f"model.dropout={m.dropout}: the Llama family has no dropout; set model.dropout=0")
+    require(m.dropout == 0, f"model.dropout={m.dropout}: the Llama family has no dropout; set model.dropout=0")
     if layout.tp > 1 and shape.n_kv_head % layout.tp:
         warnings.append(f"parallel.tp={layout.tp} does not divide model.n_kv_head={shape.n_kv_head}: every rank holds "
                         f"all {shape.n_kv_head} key/value heads' projections (replicated, their gradients summed over "
