@@ -292,10 +292,12 @@ def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
     t, p = cfg.trainer, cfg.parallel
     if t.micro_batch_size == "auto":  # the finder picks a divisor of global / dp (checked above)
         return
-    if layout.pp == 1 and p.num_microbatches is None:
+    from zoo.engine.config import micro_batch_count
+
+    count = micro_batch_count(p, layout)
+    if count is None:
         per_step, what = t.micro_batch_size * layout.dp, f"trainer.micro_batch_size({t.micro_batch_size}) * dp({layout.dp})"
     else:
-        count = p.num_microbatches or 3 * layout.pp
         per_step, what = count * layout.dp, f"micro-batches({count}) * dp({layout.dp})"
         require(count >= layout.pp,
                  f"{count} micro-batches per step is fewer than the {layout.pp} pipeline stages: stages would sit "
@@ -308,7 +310,7 @@ def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
              f"trainer.global_batch_size={t.global_batch_size} is not divisible by {what} = {per_step}; "
              f"set trainer.global_batch_size to a multiple of {per_step}, "
              f"e.g. {max(1, round(t.global_batch_size / per_step)) * per_step}")
-    accumulated = t.global_batch_size // per_step if layout.pp == 1 and p.num_microbatches is None else count
+    accumulated = t.global_batch_size // per_step if count is None else count
     if cfg.precision.dtype == "bf16" and layout.zero_stage == 0 and accumulated > 1:
         # DeepSpeed sums the micro-batches' gradients in fp32 from ZeRO-1 on (its BF16 optimizer);
         # at stage 0 it refuses fp32 accumulation and sums them in bf16.

@@ -17,6 +17,12 @@ from zoo.parallel.topology import Layout
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision.dtype -> torch
 
 
+def micro_batch_count(parallel, layout: Layout):
+    """The micro-batches a step runs per rank when it is fixed by the layout: parallel.num_microbatches,
+    by default 3 x pp under pipeline parallelism; None where trainer.micro_batch_size sets it."""
+    return parallel.num_microbatches or (3 * layout.pp if layout.pp > 1 else None)
+
+
 def micro_batching(cfg: Config, layout: Layout) -> tuple[int, int]:
     """(micro-batch size, micro-batches per rank per step). The global batch is what the
     user fixes; changing the layout changes the accumulation, never the maths.
@@ -24,8 +30,7 @@ def micro_batching(cfg: Config, layout: Layout) -> tuple[int, int]:
     Without pipeline parallelism the micro-batch is `trainer.micro_batch_size`. With pp > 1
     the pipeline needs several micro-batches in flight: `parallel.num_microbatches`, by
     default 3 x pp, and the micro-batch is global / (dp x that)."""
-    t, p = cfg.trainer, cfg.parallel
-    count = p.num_microbatches or (3 * layout.pp if layout.pp > 1 else None)
+    t, count = cfg.trainer, micro_batch_count(cfg.parallel, layout)
     if count is None:
         return t.micro_batch_size, t.global_batch_size // (t.micro_batch_size * layout.dp)
     return t.global_batch_size // (count * layout.dp), count
