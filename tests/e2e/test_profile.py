@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from zoo.observe.profiler import STAGE_IMBALANCE
+
 WINDOW = ["debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.max_steps=4", "trainer.log_every=1",
           "trainer.profile.start=2", "trainer.profile.steps=3"]
 PIPE = [*WINDOW, "parallel=pp", "trainer.global_batch_size=12", "model.n_layer=4"]
@@ -15,12 +17,20 @@ PIPE = [*WINDOW, "parallel=pp", "trainer.global_batch_size=12", "model.n_layer=4
 
 def test_an_unbalanced_pipeline_stage_is_named_and_the_traces_are_chrome_traces(run_zoo):
     """partition_method=parameters puts the 524k-parameter embedding alone with one block on
-    stage 0 and three blocks with the output head on stage 1 (measured 1.9x)."""
+    stage 0 and three blocks with the output head on stage 1: stage 1 is the busier one (2.4x
+    measured here; a CI machine measured 1.17x, so the size of the gap is not asserted, only
+    that it is read the right way round and that the diagnosis follows the threshold; the
+    diagnosis's wording is tested on synthetic rows in tests/unit/observe/test_profile.py)."""
     run = run_zoo(*PIPE, "parallel.partition_method=parameters")
     summary = json.loads((run.run_dir / "profile" / "summary.json").read_text())
-    assert summary["busiest_stage"] == 1 and summary["stage_compute_max_over_min"] > 1.4, summary
-    assert any(d.startswith("stage 1 computes") and "balance the partition" in d for d in summary["diagnoses"])
-    assert "zoo: diagnosis: stage 1 computes" in run.stdout and "zoo: profile of steps 2-4 on 2 rank(s)" in run.stdout
+    ratio = summary["stage_compute_max_over_min"]
+    assert summary["busiest_stage"] == 1 and ratio > 1.0, summary
+    per_stage = summary["stage_compute_ms"]
+    assert ratio == pytest.approx(per_stage["1"] / per_stage["0"], rel=1e-6)
+    named = [d for d in summary["diagnoses"] if d.startswith("stage 1 computes") and "balance the partition" in d]
+    assert len(named) == (1 if ratio >= STAGE_IMBALANCE else 0), summary
+    assert ("zoo: diagnosis: stage 1 computes" in run.stdout) == bool(named)
+    assert "zoo: profile of steps 2-4 on 2 rank(s)" in run.stdout
     for rank in (0, 1):
         trace = json.loads((run.run_dir / "profile" / f"rank{rank}.json").read_text())
         assert trace["zoo"] == {"rank": rank, "tp": 0, "pp": rank, "dp": 0, "host": trace["zoo"]["host"]}
@@ -36,7 +46,7 @@ def test_a_balanced_pipeline_is_not_named(run_zoo):
     """uniform: embedding and two blocks, then two blocks, the LayerNorm and the head (1.1x)."""
     run = run_zoo(*PIPE, "parallel.partition_method=uniform")
     summary = json.loads((run.run_dir / "profile" / "summary.json").read_text())
-    assert summary["stage_compute_max_over_min"] < 1.25 and summary["diagnoses"] == [], summary
+    assert summary["stage_compute_max_over_min"] < STAGE_IMBALANCE and summary["diagnoses"] == [], summary
     assert "zoo: diagnosis: stage" not in run.stdout
 
 
