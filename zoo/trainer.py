@@ -98,7 +98,7 @@ class Trainer:
         self.pending, self.stall_s, self.staging = None, 0.0, None
         tracker = open_tracker(cfg, layout, run_dir, self.rank, {
             "world_size": layout.world_size, "layout": layout.name, "micro_batch_size": self.micro_batch_size,
-            "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)}, shape=task.shape)
+            "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)}, recorded=task.recorded_config())
         self.log = RunLog(run_dir, active=self.rank == 0, total_steps=cfg.trainer.max_steps,
                           progress=cfg.trainer.progress, start_step=self.step, tracker=tracker)
 

@@ -277,9 +277,9 @@ def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: t
     clock.mark("model")
     trainer.startup = clock
     if rank == 0:  # written once the start went through: a refused start leaves an older run's files
-        from zoo.config.schema import to_yaml, with_model_shape
+        from zoo.config.schema import to_yaml
 
-        (run_path / "config.yaml").write_text(to_yaml(with_model_shape(cfg, task.shape)))
+        (run_path / "config.yaml").write_text(to_yaml(task.recorded_config()))
         (run_path / "topology.txt").write_text(topology)
         if layout.world_size > 1:  # the same grid as a picture
             from zoo.observe.topology_picture import draw_topology

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from tests.conftest import REPO
@@ -70,6 +71,8 @@ def test_an_imported_model_trained_then_exported_ships_the_trained_weights(run_z
                   "trainer.max_steps=3", "optim.warmup_steps=1", run_dir=tmp_path / "run")  # steps 1-2 at lr 0
     kept = sorted(p.name for p in (run.run_dir / "tokenizer").iterdir())
     assert "model.safetensors" not in kept and "config.json" not in kept and "tokenizer.json" in kept, kept
+    recorded = yaml.safe_load((run.run_dir / "config.yaml").read_text())  # the imported tokenizer's vocabulary
+    assert "vocab_size" not in recorded["data"] and recorded["data"]["name"] == "pydoc", recorded["data"]
     out = export(run.run_dir, tmp_path / "hf")
     started, shipped = load_file(str(source / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert not torch.equal(started["transformer.h.0.attn.c_attn.weight"], shipped["transformer.h.0.attn.c_attn.weight"])

@@ -343,5 +343,16 @@ def with_model_shape(cfg: Config, shape) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **dims))
 
 
-def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+def recorded(cfg: Config, shape, unread_data=()) -> Dict[str, Any]:
+    """The run's config as config.yaml and wandb record it: the model's real dimensions stated
+    (with_model_shape) and the `data.*` keys the run does not read (zoo.families.data_keys.unread)
+    left out. A resume reads it back; a key left out takes its default, which the run ignores."""
+    out = OmegaConf.to_container(OmegaConf.structured(with_model_shape(cfg, shape)))
+    for key in unread_data:
+        out["data"].pop(key, None)
+    return out
+
+
+def to_yaml(cfg) -> str:
+    """A Config, or a recorded one (a dict), as YAML."""
+    return OmegaConf.to_yaml(cfg if isinstance(cfg, dict) else OmegaConf.structured(cfg))

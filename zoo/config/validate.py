@@ -210,7 +210,7 @@ def _check_data(cfg: Config, spec) -> None:
 def _check_data_keys(cfg: Config, spec) -> None:
     """A data key the chosen source would ignore is refused, naming the sources that read it."""
     from zoo.config.schema import DataConfig
-    from zoo.families.data_keys import CHECKED
+    from zoo.families.data_keys import CHECKED, tokenizer_brought
 
     d, defaults, family = cfg.data, DataConfig(), cfg.model.family
     chosen = "data.mix" if d.mix else f"data={d.name}"
@@ -231,9 +231,7 @@ def _check_data_keys(cfg: Config, spec) -> None:
             raise ConfigError(f"data.{key}={value!r} is read by {'|'.join('data=' + s for s in readers)}; you "
                               f"chose {chosen}: choose one of those (e.g. data={readers[0]} data.{key}={value}) "
                               f"or drop data.{key}")
-    brings = (f"data.tokenizer={d.tokenizer}" if d.tokenizer else
-              f"model.init_from={cfg.model.init_from}'s tokenizer" if cfg.model.init_from
-              and (Path(cfg.model.init_from).expanduser() / "tokenizer.json").exists() else None)
+    brings = tokenizer_brought(d, cfg.model.init_from)
     if brings and d.vocab_size != defaults.vocab_size and "vocab_size" in spec.data_keys:
         raise ConfigError(f"data.vocab_size={d.vocab_size} sizes a tokenizer trained on the data, but {brings} "
                           f"is used with its own vocabulary; drop data.vocab_size (model.vocab_size pads the "

@@ -36,6 +36,14 @@ class Task:
         self.shape = None  # the model's resolved dimensions: set by prepare()
         self.init_state = None  # full weights to start from (model.init_from): set by prepare()
 
+    def recorded_config(self) -> Dict[str, object]:
+        """The config as the run directory's config.yaml and wandb record it: the model's
+        dimensions, and only the data keys this run reads."""
+        from zoo.config.schema import recorded
+        from zoo.families.data_keys import unread
+
+        return recorded(self.cfg, self.shape, unread(self.cfg.data, self.spec.data_keys, self.cfg.model.init_from))
+
     # -- set up ---------------------------------------------------------------------------
     def prepare(self, run_dir: Path, rank: int) -> None:
         """Load (building and caching if needed) the data; rank 0 saves what the run

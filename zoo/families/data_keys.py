@@ -35,3 +35,29 @@ IMAGES: Dict[str, Tuple[str, ...]] = {
 
 CHECKED = tuple(dict.fromkeys([*CAUSAL_TEXT, *MASKED_TEXT, *IMAGES]))
 """Every key some source ignores."""
+
+
+def tokenizer_brought(data, init_from) -> str:
+    """What supplies the tokenizer with its own vocabulary (data.tokenizer, or model.init_from's
+    directory holding a tokenizer.json), or "" where one is trained on the data."""
+    from pathlib import Path
+
+    if data.tokenizer:
+        return f"data.tokenizer={data.tokenizer}"
+    if init_from and (Path(init_from).expanduser() / "tokenizer.json").exists():
+        return f"model.init_from={init_from}'s tokenizer"
+    return ""
+
+
+def unread(data, keys: Dict[str, Tuple[str, ...]], init_from=None) -> Tuple[str, ...]:
+    """The `data.*` keys a run with this data section does not read (its family's table `keys`):
+    those no chosen source reads, `path` beside data.mix (each entry names its own), and
+    `vocab_size` where the tokenizer comes with its own vocabulary. The run's recorded config
+    (config.yaml, wandb) leaves them out, so it shows what the run used."""
+    sources = {m["name"] for m in data.mix if isinstance(m, dict)} if data.mix else {data.name}
+    out = [key for key in CHECKED if not sources & set(keys.get(key, ()))]
+    if data.mix and "path" not in out:
+        out.append("path")
+    if "vocab_size" not in out and tokenizer_brought(data, init_from):
+        out.append("vocab_size")
+    return tuple(out)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 from urllib.parse import urlparse
 
-from zoo.config.schema import Config, with_model_shape
+from zoo.config.schema import Config
 from zoo.parallel.topology import Layout
 
 RUN_ID_FILE = "wandb_run_id"
@@ -136,9 +136,11 @@ class BackgroundTracker:
         self.wait().finish(exit_code)
 
 
-def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_config: Dict[str, Any], shape=None):
+def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_config: Dict[str, Any],
+                 recorded: Optional[Dict[str, Any]] = None):
     """A wandb run on rank 0 when logger.kind is wandb, opened in the background
-    (BackgroundTracker); a NullTracker otherwise."""
+    (BackgroundTracker); a NullTracker otherwise. Its config is `recorded` (the run's config as
+    config.yaml holds it, zoo.config.schema.recorded) with `extra_config`."""
     lg = cfg.logger
     if lg.kind == "none" or rank != 0:
         return NullTracker()
@@ -148,10 +150,10 @@ def open_tracker(cfg: Config, layout: Layout, run_dir: Path, rank: int, extra_co
     # wandb's process-wide settings (its telemetry among them) read the mode from the
     # environment, not from init(): offline there too, or it reaches out to its servers.
     os.environ["WANDB_MODE"] = mode
-    return BackgroundTracker(lambda: _start_wandb(cfg, layout, run_dir, extra_config, shape, mode))
+    return BackgroundTracker(lambda: _start_wandb(cfg, layout, run_dir, extra_config, recorded, mode))
 
 
-def _start_wandb(cfg: Config, layout: Layout, run_dir: Path, extra_config: Dict[str, Any], shape, mode: str):
+def _start_wandb(cfg: Config, layout: Layout, run_dir: Path, extra_config: Dict[str, Any], recorded, mode: str):
     """Open the wandb run (blocking: seconds) and say where it logs."""
     import wandb
 
@@ -163,7 +165,7 @@ def _start_wandb(cfg: Config, layout: Layout, run_dir: Path, extra_config: Dict[
         return wandb.init(project=lg.project, entity=lg.entity, group=lg.group or default_group(cfg),
                           name=lg.name or default_name(cfg, layout), tags=list(lg.tags) or None, mode=mode,
                           dir=str(run_dir), id=run_id, resume="allow",
-                          config={**dataclasses.asdict(with_model_shape(cfg, shape)), **extra_config},
+                          config={**(recorded or dataclasses.asdict(cfg)), **extra_config},
                           settings=wandb.Settings(console="off", quiet=True))
 
     try:
