@@ -8,7 +8,7 @@ needs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 
@@ -91,6 +91,10 @@ class FamilySpec:
     """Samples text at the end (`trainer.sample_tokens`)."""
     planner: Optional[Callable[[Any, int], Any]] = None
     """(model config, tokenizer vocabulary) -> `zoo.plan.model_desc.ModelDesc`; None: not planned."""
+    published: Mapping[str, Tuple[int, int]] = field(default_factory=dict)
+    """A preset that is a published model -> (its vocabulary, its parameter count), sources cited
+    beside the table: the planner plans a preset with its own vocabulary (a run's model takes
+    its tokenizer's), and a unit test holds the count the model builds against the figure."""
 
     def new_task(self, cfg, device, layout):
         """Its task for this run (`task` given the spec, so the family's code never looks a

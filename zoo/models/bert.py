@@ -32,6 +32,13 @@ BERT_SIZES = {
     "base": (12, 12, 768, 512),
     "large": (24, 16, 1024, 512),
 }
+# name: (vocabulary, parameters) of the published model: google-research's bert-base-uncased
+# and bert-large-uncased as transformers' `BertForMaskedLM.num_parameters()` counts them (the
+# masked-LM head's transform and output bias, no pooler; the paper rounds them to 110M and 340M).
+BERT_PUBLISHED = {
+    "base": (30522, 109_514_298),
+    "large": (30522, 335_174_458),
+}
 LAYER_NORM_EPS = 1e-12
 TYPE_VOCAB_SIZE = 2
 

@@ -38,6 +38,25 @@ GPT_SIZES = {
     "gpt3-13b": (40, 40, 5120, 2048),
     "gpt3-175b": (96, 96, 12288, 2048),
 }
+# name: (vocabulary, parameters) of the published model each preset is. GPT-2: OpenAI's
+# checkpoints as transformers counts them (`GPT2LMHeadModel.num_parameters()` of gpt2,
+# gpt2-medium, gpt2-large, gpt2-xl; the head is tied). GPT-3: the paper's table 2.1, whose
+# counts are rounded (the model here counts 125.2M, 355.9M, 760.3M, 1.316B, 2.652B, 6.658B,
+# 12.85B and 174.6B: within 2% of them); GPT-2's vocabulary (the paper, section 2.2).
+GPT_PUBLISHED = {
+    "small": (50257, 124_439_808),
+    "medium": (50257, 354_823_168),
+    "large": (50257, 774_030_080),
+    "xl": (50257, 1_557_611_200),
+    "gpt3-125m": (50257, 125_000_000),
+    "gpt3-350m": (50257, 350_000_000),
+    "gpt3-760m": (50257, 760_000_000),
+    "gpt3-1.3b": (50257, 1_300_000_000),
+    "gpt3-2.7b": (50257, 2_700_000_000),
+    "gpt3-6.7b": (50257, 6_700_000_000),
+    "gpt3-13b": (50257, 13_000_000_000),
+    "gpt3-175b": (50257, 175_000_000_000),
+}
 
 
 @dataclass(frozen=True)

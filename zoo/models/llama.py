@@ -33,6 +33,16 @@ LLAMA_SIZES = {
     "llama3-8b": (32, 32, 8, 4096, 14336, 8192, 500000.0, False),
     "llama2-70b": (80, 64, 8, 8192, 28672, 4096, 10000.0, False),
 }
+# name: (vocabulary, parameters) of the published model: the config.json's vocab_size and
+# transformers' `num_parameters()` of the checkpoints named above (the figures their model
+# cards give: SmolLM 135M, TinyLlama 1.1B, Llama 2 7B and 70B, Llama 3 8B).
+LLAMA_PUBLISHED = {
+    "smollm-135m": (49152, 134_515_008),
+    "tinyllama-1.1b": (32000, 1_100_048_384),
+    "llama2-7b": (32000, 6_738_415_616),
+    "llama3-8b": (128256, 8_030_261_248),
+    "llama2-70b": (32000, 68_976_648_192),
+}
 RMS_NORM_EPS = 1e-5
 
 

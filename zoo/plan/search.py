@@ -181,7 +181,8 @@ class Plan:
 
 def make_plan(cfg: PlanRunConfig) -> Plan:
     """Check the config, describe the model, estimate every layout."""
-    from zoo.families import check_size
+    from zoo.families import check_size, family
+    from zoo.plan.fit import GPT2_VOCAB
     from zoo.run.errors import ConfigError
 
     check_plan(cfg)
@@ -189,7 +190,9 @@ def make_plan(cfg: PlanRunConfig) -> Plan:
         check_size(cfg.model.family, cfg.model.size)
     except ConfigError as err:
         raise ValueError(str(err)) from None
-    desc = describe_model(cfg.model, cfg.plan.vocab_size)
+    published = family(cfg.model.family).published.get(cfg.model.size)
+    vocab = cfg.plan.vocab_size or (published[0] if published else GPT2_VOCAB)
+    desc = describe_model(cfg.model, vocab)
     cands = enumerate_layouts(desc, cfg.cluster, cfg.trainer.global_batch_size, dtype=cfg.precision.dtype, plan=cfg.plan)
     return Plan(desc=desc, cluster=cfg.cluster, dtype=cfg.precision.dtype,
                 global_batch_size=cfg.trainer.global_batch_size, plan=cfg.plan, candidates=cands, model=cfg.model)

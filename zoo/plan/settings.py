@@ -57,9 +57,10 @@ class PlanConfig:
     mem_fraction: float = 0.8
     """A layout fits when its estimate is at most this fraction of device memory; the rest is
     headroom for what the estimate does not see (allocator fragmentation, CUDA context, kernels' workspaces)."""
-    vocab_size: int = 50257
-    """Tokenizer vocabulary assumed when model.vocab_size is null (GPT-2's BPE); padded to
-    model.vocab_pad_multiple as training pads it."""
+    vocab_size: Optional[int] = None
+    """Tokenizer vocabulary assumed when model.vocab_size is null; padded to
+    model.vocab_pad_multiple as training pads it. None: the size preset's published one
+    (llama3-8b: 128,256; llama2-7b: 32,000; GPT-2 and GPT-3: 50,257), else GPT-2's 50,257."""
     micro_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     """Micro-batch sizes to try (each must divide the global batch with dp)."""
     zero_stages: List[int] = field(default_factory=lambda: [0, 1, 2, 3])
@@ -146,7 +147,8 @@ def check_plan(cfg: PlanRunConfig) -> None:
     if not 0 < p.mem_fraction <= 1:
         raise ValueError(f"plan.mem_fraction={p.mem_fraction} must be in (0, 1], e.g. 0.8 for 20% headroom")
     _positive(cfg.trainer.global_batch_size, "trainer.global_batch_size", "set the samples per step, e.g. 1536")
-    _positive(p.vocab_size, "plan.vocab_size", "set the tokenizer's vocabulary, e.g. 50257")
+    if p.vocab_size is not None:
+        _positive(p.vocab_size, "plan.vocab_size", "set the tokenizer's vocabulary, e.g. 50257")
     for key in ("micro_batch_sizes", "tp", "pp"):
         values = getattr(p, key)
         if values is not None and (not values or min(values) < 1):

@@ -12,7 +12,7 @@ from zoo.families.transformer import (
     shape_from_config,
     transformer_flops_per_sample,
 )
-from zoo.models.bert import BERT_SIZES, BertForMaskedLM, BertShape, bert_init_std, bert_shape
+from zoo.models.bert import BERT_PUBLISHED, BERT_SIZES, BertForMaskedLM, BertShape, bert_init_std, bert_shape
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.tp_rules import TPRules
 
@@ -43,7 +43,7 @@ SPEC = FamilySpec(
     init_std=lambda shape, _module: (lambda name: bert_init_std(name, shape)),
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
-    sizes=tuple(BERT_SIZES), data_keys=data_keys.MASKED_TEXT,
+    sizes=tuple(BERT_SIZES), published=BERT_PUBLISHED, data_keys=data_keys.MASKED_TEXT,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_rules=TP_RULES,
     hf=HFConverter.of(hf, model_types=("bert",), loads_as="BertForMaskedLM"),
 )

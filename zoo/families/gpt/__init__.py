@@ -12,7 +12,7 @@ from zoo.families.transformer import (
     shape_from_config,
     transformer_flops_per_sample,
 )
-from zoo.models.gpt import GPT, GPT_SIZES, GPTShape, gpt_init_std, gpt_shape
+from zoo.models.gpt import GPT, GPT_PUBLISHED, GPT_SIZES, GPTShape, gpt_init_std, gpt_shape
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.tp_rules import TPRules
 
@@ -41,7 +41,7 @@ SPEC = FamilySpec(
     init_std=lambda shape, _module: (lambda name: gpt_init_std(name, shape)),
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
-    sizes=tuple(GPT_SIZES), data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
+    sizes=tuple(GPT_SIZES), published=GPT_PUBLISHED, data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_rules=TP_RULES,
     hf=HFConverter.of(hf, model_types=("gpt2",), loads_as="GPT2LMHeadModel",
                    vocab_rows=("embed.wte.weight", "lm_head.weight")),

@@ -14,6 +14,7 @@ from zoo.families.llama import hf, planner
 from zoo.families.spec import FamilySpec, HFConverter
 from zoo.families.transformer import PLACEHOLDER_VOCAB, check_transformer, imported_dims
 from zoo.models.llama import (
+    LLAMA_PUBLISHED,
     LLAMA_SIZES,
     LlamaForCausalLM,
     LlamaShape,
@@ -90,7 +91,7 @@ SPEC = FamilySpec(
     name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=_shape, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", mixes_data=True,
-    sizes=tuple(LLAMA_SIZES), data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
+    sizes=tuple(LLAMA_SIZES), published=LLAMA_PUBLISHED, data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
     pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_rules=TP_RULES, tp_rules_of=tp_rules_of,
     planner=planner.describe,
     hf=HFConverter.of(hf, model_types=("llama",), loads_as="LlamaForCausalLM",
