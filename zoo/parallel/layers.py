@@ -49,7 +49,18 @@ def _column_input(x: torch.Tensor, tp_group, sequence_parallel: bool) -> torch.T
     return copy_to_tp_region(x, tp_group)
 
 
-class ColumnParallelLinear(nn.Module):
+class _NormalInit(nn.Module):
+    """A tensor-parallel layer's default initialisation, for a layer built on its own: weight
+    N(0, 0.02), bias zeros (a model's own initialisation, zoo.models.init, replaces it when the model is
+    built)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=0.02)
+        if getattr(self, "bias", None) is not None:
+            nn.init.zeros_(self.bias)
+
+
+class ColumnParallelLinear(_NormalInit):
     """y = x W^T + b with W split along its output rows: each rank computes out/tp features.
 
     The input is replicated (or, with sequence_parallel, sequence-sharded and gathered here);
@@ -79,11 +90,6 @@ class ColumnParallelLinear(nn.Module):
         self.register_parameter("bias", _sharded_param((out_features,), spec, factory) if bias else None)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, std=0.02)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _column_input(x, self.tp_group, self.sequence_parallel)
         y = F.linear(x, self.weight, self.bias)  # (..., out/tp)
@@ -100,7 +106,7 @@ class ColumnParallelLinear(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}, bias={self.bias is not None}")
 
 
-class ReplicatedHeadsLinear(nn.Module):
+class ReplicatedHeadsLinear(_NormalInit):
     """A key or value projection whose heads the tp group cannot split (tp does not divide
     `n_kv_head`): every rank holds the whole weight, the same on every rank, and computes only
     the heads its own query heads use. The input is taken as ColumnParallelLinear takes it
@@ -121,7 +127,7 @@ class ReplicatedHeadsLinear(nn.Module):
         self.query_to_kv = tuple((first_query + i) // groups - first for i in range(per_rank))
         self.in_features, self.out_features, self.sequence_parallel = in_features, out_features, sequence_parallel
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        nn.init.normal_(self.weight, std=0.02)
+        self.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _column_input(x, self.tp_group, self.sequence_parallel)
@@ -133,7 +139,7 @@ class ReplicatedHeadsLinear(nn.Module):
                 f"rows={self.rows}, replicated")
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_NormalInit):
     """y = x W^T + b with W split along its input columns; the input arrives split along its
     last dim (a column-parallel output), the partial products are summed across ranks (or, with
     sequence_parallel, reduce-scattered along the sequence) and the full, replicated bias is
@@ -153,11 +159,6 @@ class RowParallelLinear(nn.Module):
         self.register_parameter("bias", nn.Parameter(torch.empty(out_features, **factory)) if bias else None)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, std=0.02)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)  # (..., out), partial sum over this rank's inputs
         if not self.sequence_parallel:
@@ -175,7 +176,7 @@ class RowParallelLinear(nn.Module):
                 f"sequence_parallel={self.sequence_parallel}, bias={self.bias is not None}")
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(_NormalInit):
     """nn.Embedding with the vocabulary split into contiguous ranges, one per rank: each rank
     looks up the ids it owns, zeroes the others, and the partial lookups are summed."""
 
@@ -190,9 +191,6 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = _sharded_param((num_embeddings, embedding_dim), spec,
                                      {"device": device, "dtype": dtype})
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp == 1:
