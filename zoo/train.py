@@ -116,7 +116,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     from zoo.run import launch
     from zoo.run.errors import ZooError
 
-    try:  # read as the ranks will read it: an unknown `+key` or an unresolvable interpolation fails here
+    try:  # typed and resolved once, the object the ranks get: an unknown `+key` or a bad interpolation fails here
         cfg_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
         cfg: Config = config_from_yaml(cfg_yaml)
     except OmegaConfBaseException as err:
@@ -145,7 +145,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
 
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
         try:
-            fit = fit_warning(cfg, layout, device_memory_bytes(ranks_here), vocab_size=planned_vocab(cfg))
+            fit = fit_warning(cfg, layout, device_memory_bytes(ranks_here), vocab_size=planned_vocab(cfg.data))
         except (ValueError, KeyError):  # a family the planner does not describe yet
             fit = None
         if fit:
@@ -162,7 +162,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     if env.kind != "local":
         from zoo.worker import main as worker_main
 
-        worker_main(cfg_yaml, run_dir)
+        worker_main(cfg, run_dir)
         return
     os.makedirs(run_dir, exist_ok=True)
     from zoo.run.lock import HELD_ENV, RunDirLock
@@ -173,7 +173,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
         _fail(str(err), run_dir)
     os.environ[HELD_ENV] = "1"
     try:
-        _launch_local(cfg, layout, cfg_yaml, run_dir)
+        _launch_local(cfg, layout, run_dir)
     except SystemExit as stop:
         if stop.code == 2:  # refused: the ranks removed what they wrote; so goes a directory made for it
             lock.release()
@@ -205,7 +205,7 @@ def _dry_run(cfg: Config, layout, env, run_dir: str) -> None:
     sys.exit(0)
 
 
-def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
+def _launch_local(cfg: Config, layout, run_dir: str) -> None:
     """Run the layout's ranks on this host: in this process for one rank, else as workers."""
     from zoo.run import launch
 
@@ -214,7 +214,7 @@ def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
 
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), ZOO_LOCAL_WORKER="1")
-        worker_main(cfg_yaml, run_dir)
+        worker_main(cfg, run_dir)
         return
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -222,7 +222,7 @@ def _launch_local(cfg: Config, layout, cfg_yaml: str, run_dir: str) -> None:
     from zoo.run.errors import ZooError
 
     try:
-        launch.launch_local(layout.world_size, cfg_yaml, run_dir, cfg.parallel.timeout_s, cfg.verbose,
+        launch.launch_local(layout.world_size, cfg, run_dir, cfg.parallel.timeout_s, cfg.verbose,
                             dynamo=cfg.model.compile or layout.zero_stage == 3)
     except ZooError as err:  # before any rank started
         _fail(str(err), run_dir)

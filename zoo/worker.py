@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from zoo.config.schema import Config, config_from_yaml
+from zoo.config.schema import Config
 from zoo.parallel.topology import Layout, build_grid, describe_grid
 from zoo.run.errors import USER_ERROR_EXIT_CODE, RunDirError, ZooError
 
@@ -106,8 +106,10 @@ def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.dev
         print(describe(best, trials, budget, cfg.trainer.global_batch_size, layout.dp), flush=True)
 
 
-def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
-    """Run one rank of a training job."""
+def main(cfg: Config, run_dir: str, threads: Optional[int] = None) -> None:
+    """Run one rank of a training job with the config `zoo.train` composed and validated (handed
+    over as it is: in this process under torchrun, srun and the deepspeed launcher, pickled to
+    the workers of zoo's own launcher)."""
     from zoo.observe.startup import StartupClock
     from zoo.run import signals
 
@@ -120,7 +122,6 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     warnings.filterwarnings("ignore", message=r"c10d::broadcast_: an autograd kernel was not registered")
     if threads:
         torch.set_num_threads(threads)
-    cfg = config_from_yaml(cfg_yaml)
     from zoo.run.quiet import quiet_third_party
 
     quiet_third_party(cfg.verbose, int(os.environ.get("RANK", 0)))
@@ -129,7 +130,7 @@ def main(cfg_yaml: str, run_dir: str, threads: Optional[int] = None) -> None:
     init_distributed(cfg)
     clock.mark("process_group")
     try:
-        _run(cfg, cfg_yaml, run_dir, device, clock)
+        _run(cfg, run_dir, device, clock)
     except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (verbose=true: the traceback)
         if cfg.verbose:
             raise
@@ -182,7 +183,7 @@ def report_failure(err: BaseException, lost: bool) -> None:
     print(f"zoo: rank {rank} on {host} failed (exit code 1): {type(err).__name__}: {last}", file=sys.stderr, flush=True)
 
 
-def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device, clock) -> None:
+def _run(cfg: Config, run_dir: str, device: torch.device, clock) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     from zoo.config.validate import resolve_layout
 
@@ -192,7 +193,7 @@ def _run(cfg: Config, cfg_yaml: str, run_dir: str, device: torch.device, clock) 
     lock = _lock_run_dir(run_path, rank)
     training = []
     try:
-        _train(cfg, cfg_yaml, run_path, layout, device, training, clock)
+        _train(cfg, run_path, layout, device, training, clock)
     except ZooError:
         if rank == 0 and not training:
             remove_new_entries(run_path, found)
@@ -233,8 +234,7 @@ def _lock_run_dir(run_path: Path, rank: int):
     return lock
 
 
-def _train(cfg: Config, cfg_yaml: str, run_path: Path, layout: Layout, device: torch.device,
-           training: list, clock) -> None:
+def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, training: list, clock) -> None:
     """Start and run the training; `training` gets an entry once the start is over; `clock`
     (zoo.observe.startup) the start's phases."""
     rank = dist.get_rank()

@@ -325,7 +325,7 @@ def register_configs() -> None:
 
 
 def config_from_yaml(text: str) -> Config:
-    """The typed config from its resolved YAML (what `zoo.train` hands each rank)."""
+    """The typed config from its resolved YAML (`zoo.train` types Hydra's composition so, once)."""
     schema = OmegaConf.structured(Config)
     return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.create(text)))
 

@@ -11,7 +11,7 @@ from typing import Any, Dict
 
 import torch
 
-from zoo.config.schema import Config
+from zoo.config.schema import Config, OptimConfig
 from zoo.parallel.topology import Layout
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision.dtype -> torch
@@ -51,7 +51,7 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         "gradient_clipping": o.grad_clip,
-        "optimizer": optimizer_config(cfg),
+        "optimizer": optimizer_config(cfg.optim),
         "zero_optimization": {"stage": layout.zero_stage},
         "bf16": {"enabled": prec.dtype == "bf16"},
         "fp16": {"enabled": prec.dtype == "fp16", "loss_scale": prec.loss_scale,
@@ -67,10 +67,9 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
     return _deep_merge(ds, dict(cfg.deepspeed))
 
 
-def optimizer_config(cfg: Config) -> Dict[str, Any]:
+def optimizer_config(o: OptimConfig) -> Dict[str, Any]:
     """DeepSpeed's optimizer block: torch's AdamW (`torch_adam`), or torch's SGD (DeepSpeed
     builds any torch.optim class its config names)."""
-    o = cfg.optim
     if o.name == "sgd":
         return {"type": "SGD", "params": {"lr": o.lr, "momentum": o.momentum, "nesterov": o.nesterov,
                                           "weight_decay": o.weight_decay}}
@@ -78,7 +77,6 @@ def optimizer_config(cfg: Config) -> Dict[str, Any]:
                                         "weight_decay": o.weight_decay, "torch_adam": True}}
 
 
-def schedule_steps(cfg: Config) -> int:
+def schedule_steps(o: OptimConfig, max_steps: int) -> int:
     """The schedule's length: optim.decay_steps, else trainer.max_steps (at least past the warmup)."""
-    o = cfg.optim
-    return max(o.decay_steps or cfg.trainer.max_steps, o.warmup_steps + 1, 2)
+    return max(o.decay_steps or max_steps, o.warmup_steps + 1, 2)

@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 
 import torch.nn as nn
 
-from zoo.config.schema import Config
+from zoo.config.schema import Config, OptimConfig
 from zoo.engine.config import deepspeed_config, optimizer_config, schedule_steps
 from zoo.engine.state import full_shape
 from zoo.parallel.topology import Layout
@@ -36,13 +36,13 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
 
     ds, groups = deepspeed_config(cfg, layout), param_groups(model, cfg.optim.weight_decay)
     optimizer = None
-    if ds.get("optimizer") == optimizer_config(cfg):  # zoo's own block (no raw deepspeed.optimizer over it)
+    if ds.get("optimizer") == optimizer_config(cfg.optim):  # zoo's own block (no raw deepspeed.optimizer over it)
         from zoo.engine.optimizers import build
 
         optimizer, ds = build(ds["optimizer"], groups), {k: v for k, v in ds.items() if k != "optimizer"}
     engine, _, _, _ = deepspeed.initialize(model=model, config=ds, optimizer=optimizer,
                                            model_parameters=groups,
-                                           lr_scheduler=lr_scheduler(cfg),
+                                           lr_scheduler=lr_scheduler(cfg.optim, cfg.trainer.max_steps),
                                            mpu=None if isinstance(model, PipelineModule) else grid)
     skip_single_replica_allreduce(engine, layout.dp)
     if engine.fp16_enabled():  # DeepSpeed's ZeRO-0 fp16 optimizer, as its own docs say it works
@@ -70,10 +70,9 @@ def skip_single_replica_allreduce(engine, dp: int) -> bool:
     return True
 
 
-def lr_scheduler(cfg: Config):
-    """optim.schedule's scheduler, for deepspeed.initialize (zoo.engine.schedules)."""
+def lr_scheduler(o: OptimConfig, max_steps: int):
+    """optim.schedule's scheduler over a run of `max_steps`, for deepspeed.initialize (zoo.engine.schedules)."""
     from zoo.engine.schedules import make_scheduler
 
-    o = cfg.optim
-    return make_scheduler(o.schedule, warmup=o.warmup_steps, total=schedule_steps(cfg), min_ratio=o.min_lr / o.lr,
-                          decay_fraction=o.decay_fraction)
+    return make_scheduler(o.schedule, warmup=o.warmup_steps, total=schedule_steps(o, max_steps),
+                          min_ratio=o.min_lr / o.lr, decay_fraction=o.decay_fraction)

@@ -8,15 +8,14 @@ import json
 from pathlib import Path
 from typing import List
 
-from zoo.config.schema import Config
+from zoo.config.schema import Config, DataConfig
 from zoo.plan.fit import GPT2_VOCAB, run_memory
 
 
-def planned_vocab(cfg: Config) -> int:
+def planned_vocab(d: DataConfig) -> int:
     """The vocabulary the run's model will have, as far as it is known before the data is read:
     data.tokenizer's or a prepared directory's tokenizer, else the one trained here
     (data.vocab_size), else GPT-2's."""
-    d = cfg.data
     found = [Path(d.tokenizer) / "tokenizer.json"] if d.tokenizer else []
     found += [Path(d.path) / "tokenizer" / "tokenizer.json"] if d.name == "prepared" and d.path else []
     for path in found:
@@ -59,7 +58,7 @@ def dry_run_lines(cfg: Config, layout, spec, device_mem_bytes: float, device: st
     t, d = cfg.trainer, cfg.data
     lines = []
     try:
-        fits, mem, _, _ = run_memory(cfg, layout, device_mem_bytes, vocab_size=planned_vocab(cfg))
+        fits, mem, _, _ = run_memory(cfg, layout, device_mem_bytes, vocab_size=planned_vocab(cfg.data))
     except (ValueError, KeyError):  # a family the planner does not describe (the CNN: its shape comes from the data)
         fits = mem = None
     if t.micro_batch_size == "auto":

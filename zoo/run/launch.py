@@ -95,7 +95,7 @@ def threads_per_rank(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
-def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbose: bool = False,
+def launch_local(nproc: int, cfg, run_dir: str, timeout_s: int, verbose: bool = False,
                  dynamo: bool = False) -> None:
     """Start `nproc` workers of `zoo.worker.main` with torch's elastic launcher on this host
 (started as `worker_start_method` says).
@@ -133,7 +133,7 @@ def launch_local(nproc: int, cfg_yaml: str, run_dir: str, timeout_s: int, verbos
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"zoo-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.1, start_method=start_method, rdzv_configs={"timeout": timeout_s})
-    elastic_launch(config, worker_main)(cfg_yaml, run_dir, threads)
+    elastic_launch(config, worker_main)(cfg, run_dir, threads)
 
 
 START_METHOD_ENV = "ZOO_START_METHOD"
