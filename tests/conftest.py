@@ -72,6 +72,21 @@ SLOW = {
     "unit diagnosis thresholds stay",
     "tests/e2e/test_launchers.py::test_deepspeed_launcher[as-the-readme-prints-it]": "torchrun's tests cover an "
     "external launcher's ranks; this and [no-local-rank] run in the slow tier",
+    # CI time (the default tier took 1649 s of pytest on the CI run of 2026-12-04, 951 s here the same day):
+    "tests/e2e/test_fp16.py::test_a_resume_on_another_layout_continues_the_scaler": "three fp16 runs (31 s); the "
+    "scaler's state in every rank's checkpoint stays (the overflow tests), and the layout-free resume of every "
+    "other state (test_checkpoint)",
+    "tests/e2e/test_checkpoint.py::test_an_async_save_resumes_on_another_layout_and_sigterm_waits_for_the_write":
+    "an async save equal to a synchronous one (tests/unit/checkpoint/test_async_staging.py) and the full disk "
+    "during an async write stay",
+    "tests/e2e/test_checkpoint.py::test_kill_9_then_resume_matches_an_uninterrupted_run": "SIGTERM's checkpoint, "
+    "the bitwise resume and the resume chain over layouts stay",
+    "tests/e2e/test_launchers.py::test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_traceback"
+    "[kill]": "a crashed rank under zoo's launcher (test_failures) and torchrun's run and config error stay",
+    "tests/e2e/test_llama.py::test_trained_under_3d_and_exported_transformers_gives_zoos_logits": "the tied "
+    "multi-query Llama trained under tp x pp and exported, and GPT's export from 3d, stay",
+    "tests/e2e/test_families.py::test_allowed_combination_trains_and_reports[bert-zero3]": "BERT under ddp, tp "
+    "and pp, and ZeRO-3 exact for GPT (test_zero), stay",
     **{f"tests/e2e/test_precision.py::test_bf16_follows_fp32[{case}]": "bf16 matmuls are emulated on this CPU "
        "(gpt-ddp took 106 s of the default tier); bf16's configuration and memory are unit-tested (test_config, "
        "plan tests)" for case in ["gpt-ddp", "gpt-tp", "gpt-pp", "gpt-3d", "llama-ddp", "llama-tp", "llama-pp",
