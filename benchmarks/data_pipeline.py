@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 
 
 def main() -> None:

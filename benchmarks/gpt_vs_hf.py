@@ -23,7 +23,7 @@ from statistics import median
 
 import torch
 
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 
 
 def _free_port() -> int:

@@ -107,7 +107,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     from zoo.config.schema import Config, ModelConfig
     from zoo.engine import initialize_engine
     from zoo.engine import state as engine_state
-    from zoo.families import family, model_dims
+    from zoo.families.registry import family, model_dims
     from zoo.parallel.build import build
     from zoo.parallel.topology import Layout, build_grid, tp_group
 

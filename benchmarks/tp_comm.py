@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.worker import leave_process_group
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast")

@@ -108,7 +108,7 @@ def _plan(spec, meta: dict, source: Source, dtype: torch.dtype, shard_bytes: int
 
 def export(src: Path, out: Path, *, dtype: str = "fp32", max_shard_bytes: int = 5 * 10**9) -> Path:
     from zoo.checkpoint.stream_write import StreamWriter
-    from zoo.families import FAMILIES
+    from zoo.families.registry import FAMILIES
 
     family, meta, source, run_dir = open_zoo(src)
     spec = FAMILIES.get(family)

@@ -189,7 +189,7 @@ def _dry_run(cfg: Config, layout, env, run_dir: str) -> None:
     """Print the plan of the validated run (rank 0) and exit 0: no rank, nothing written."""
     import torch
 
-    from zoo.families import family
+    from zoo.families.registry import family
     from zoo.plan.dry_run import dry_run_lines
     from zoo.plan.fit import device_memory_bytes
 

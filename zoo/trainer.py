@@ -25,8 +25,8 @@ from zoo.config.schema import Config
 from zoo.engine import initialize_engine, micro_batching
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
-from zoo.families import family
 from zoo.families.base_task import Task
+from zoo.families.registry import family
 from zoo.models.compile import compile_seconds
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor

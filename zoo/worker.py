@@ -244,7 +244,7 @@ def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, tr
     with held_stdout(cfg.verbose):  # DeepSpeed's `Using topology: ...`
         grid = build_grid(layout)
 
-    from zoo.families import family
+    from zoo.families.registry import family
     from zoo.trainer import Trainer
 
     task = family(cfg.model.family).new_task(cfg, device, layout)

@@ -15,7 +15,7 @@ from zoo.config.schema import register_configs
 from zoo.worker import init_distributed, leave_process_group
 from zoo.config.validate import resolve_layout
 from zoo.parallel.topology import build_grid
-from zoo.families import family
+from zoo.families.registry import family
 from zoo.plan import batch_finder
 
 conf, run_dir, port = sys.argv[1:4]

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from tests.conftest import REPO
 from tests.e2e.conftest import HF_FAST as FAST
 from zoo.checkpoint.final import load_run_weights
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 
 
 def export(src, out, *flags):
@@ -156,7 +156,7 @@ def test_a_vocabulary_tp_cannot_split_is_padded_inside_and_exported_as_it_was(ru
     from transformers import AutoModelForCausalLM
 
     from tests.unit.models.test_vocab_padding import save_hf
-    from zoo.families import family
+    from zoo.families.registry import family
 
     save_hf(kind, tmp_path / "original", vocab=4097)
     run = run_zoo(*FAST, f"model={kind}", "parallel=tp", "trainer.micro_batch_size=4", "trainer.max_steps=2",

@@ -21,21 +21,21 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "parallel", "data", "optim", "precision", "logger", "experiment", "debug")
 
 
-def docstrings() -> Dict[str, Dict[str, str]]:
-    """{schema class name: {field: the docstring under it, on one line}} from the schema's source."""
-    out: Dict[str, Dict[str, str]] = {}
-    for node in ast.parse(inspect.getsource(schema)).body:
-        if isinstance(node, ast.ClassDef):
-            fields = out.setdefault(node.name, {})
-            for a, b in zip(node.body, node.body[1:]):
-                if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-                    fields[a.target.id] = " ".join(str(b.value.value).split())
+def docstrings(cls) -> Dict[str, str]:
+    """{field: the docstring under it, on one line} of a schema class, from the source of the
+    class and of each class it composes (a family's keys, in that family's keys.py)."""
+    out: Dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):  # object's own last: a subclass's docstring wins
+        node = ast.parse(inspect.getsource(klass)).body[0]
+        for a, b in zip(node.body, node.body[1:]):
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                out[a.target.id] = " ".join(str(b.value.value).split())
     return out
 
 
 def keys(cls=schema.Config, prefix: str = "") -> Iterator[Tuple[str, object, object, str]]:
     """(dotted key, type, default, docstring) of every leaf key under `cls`, in schema order."""
-    docs = docstrings().get(cls.__name__, {})
+    docs = docstrings(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -67,7 +67,7 @@ def render() -> str:
     for group in GROUPS:
         options = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
         lines.append(f"- `{group}`: " + ", ".join(f"`{o}`" for o in options))
-    from zoo.families import FAMILIES
+    from zoo.families.registry import FAMILIES
 
     lines += ["", "## Model sizes", "", "`model.size=` presets of each family (`model=<family>`):", ""]
     lines += [f"- `{name}`: " + ", ".join(f"`{size}`" for size in spec.sizes) for name, spec in FAMILIES.items()]

@@ -13,9 +13,15 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from zoo.families.bert.keys import MaskingDataKeys
+from zoo.families.cnn.keys import ImageDataKeys
+from zoo.families.llama.keys import LlamaModelKeys
+
 
 @dataclass
-class ModelConfig:
+class ModelDims:
+    """The model keys every family reads (ModelConfig adds the families' own after them)."""
+
     family: str = MISSING
     """Model family: `gpt`, `llama`, `bert` or `cnn` (zoo.families)."""
     size: str = "tiny"
@@ -28,16 +34,13 @@ class ModelConfig:
     """Override the preset's number of attention heads. Range: positive."""
     n_embd: Optional[int] = None
     """Override the preset's hidden size. Range: positive."""
-    n_kv_head: Optional[int] = None
-    """Llama: key/value heads (grouped-query attention; 1: multi-query), dividing n_head.
-    None: the preset's. Range: positive."""
-    intermediate_size: Optional[int] = None
-    """Llama: the SwiGLU MLP's width. None: the preset's. Range: positive."""
-    rope_theta: Optional[float] = None
-    """Llama: the rotary embeddings' base. None: the preset's. Range: positive."""
-    tie_embeddings: Optional[bool] = None
-    """Llama: the LM head shares the token embedding's weight (as SmolLM). None: the preset's
-    (untied but for smollm-135m). GPT and BERT always tie theirs."""
+
+
+@dataclass
+class ModelConfig(LlamaModelKeys, ModelDims):
+    """`model.*`: the keys every family reads, the Llama family's own (zoo/families/llama/keys.py),
+    then the rest."""
+
     ffn_mult: int = 4
     """FFN width as a multiple of the hidden size. Range: positive."""
     block_size: Optional[int] = None
@@ -91,7 +94,9 @@ class ParallelConfig:
 
 
 @dataclass
-class DataConfig:
+class DataSource:
+    """The data keys every family reads (DataConfig adds the families' own after them)."""
+
     name: str = "pydoc"
     """Data source: `pydoc` (the Python docs inside CPython), `digits` (scikit-learn), `files`, `hub`."""
     path: Optional[str] = None
@@ -104,15 +109,13 @@ class DataConfig:
     mix: List[Dict[str, Any]] = field(default_factory=list)
     """Weighted text sources, e.g. [{name: files, path: a.jsonl, weight: 3}, {name: pydoc, weight: 1}];
     when set it replaces data.name/data.path."""
-    image_column: str = "image"
-    """Column holding the images in a `hub` image dataset (CNN)."""
-    label_column: str = "label"
-    """Column holding the class labels in a `hub` image dataset (CNN)."""
-    image_size: Optional[int] = None
-    """CNN: resize `files`/`hub` images to this many pixels square. None: the first image's size. Range: positive."""
-    mlm_probability: float = 0.15
-    """BERT: share of the tokens selected for the masked-LM objective (80% [MASK], 10% random,
-    10% kept). Range: in (0, 1)."""
+
+
+@dataclass
+class DataConfig(MaskingDataKeys, ImageDataKeys, DataSource):
+    """`data.*`: the source, the CNN's image keys (zoo/families/cnn/keys.py), BERT's masking
+    (zoo/families/bert/keys.py), then the tokenizer's and the split's keys."""
+
     tokenizer: Optional[str] = None
     """None: train one on the source (cached). Else a local directory holding tokenizer.json
     (save_pretrained's output; save a Hub tokenizer to a directory first)."""

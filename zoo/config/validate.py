@@ -41,7 +41,7 @@ def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List
 
 def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     """Check every cross-key rule; returns warnings, raises ConfigError on the first error."""
-    from zoo.families import check_size, family
+    from zoo.families.registry import check_size, family
 
     warnings: List[str] = range_warnings(cfg)
     t, p, m = cfg.trainer, cfg.parallel, cfg.model
@@ -58,7 +58,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     _check_scaler(cfg, layout, cuda_available)
     if m.init_from and spec.hf is not None and Path(m.init_from).expanduser().is_dir():  # the family it holds
         from zoo.checkpoint.hf_weights import family_of_hf
-        from zoo.families import FAMILIES
+        from zoo.families.registry import FAMILIES
 
         found = family_of_hf(m.init_from, FAMILIES.values())
         require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
@@ -67,7 +67,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     require(spec.tp_rules is not None or layout.tp == 1,
              f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel rules; use parallel.tp=1")
     if p.sequence_parallel and not spec.sequence_parallel:
-        from zoo.families import FAMILIES
+        from zoo.families.registry import FAMILIES
 
         raise ConfigError(f"parallel.sequence_parallel=true is implemented for model.family in "
                           f"{sorted(n for n, s in FAMILIES.items() if s.sequence_parallel)} only; model.family="
@@ -177,7 +177,7 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
 
 
 def _check_data(cfg: Config, spec) -> None:
-    from zoo.families import FAMILIES
+    from zoo.families.registry import FAMILIES
 
     d, family = cfg.data, cfg.model.family
     sources = spec.data_sources

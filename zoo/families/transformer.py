@@ -7,13 +7,14 @@ import dataclasses
 from typing import List, Optional, Tuple
 
 from zoo.config.schema import Config, ModelConfig
+from zoo.families.llama.keys import LlamaModelKeys
 from zoo.parallel.topology import Layout
 from zoo.run.errors import ConfigError, require
 
 # Used for checks before the tokenizer is known; any multiple of the pad size.
 PLACEHOLDER_VOCAB = 128
-# ModelConfig keys only the Llama family reads.
-LLAMA_KEYS = ("n_kv_head", "intermediate_size", "rope_theta", "tie_embeddings")
+# ModelConfig keys only the Llama family reads (its keys.py declares them).
+LLAMA_KEYS = tuple(f.name for f in dataclasses.fields(LlamaModelKeys))
 
 
 def padded_vocab(tokenizer_len: int, cfg: ModelConfig) -> int:

@@ -72,7 +72,7 @@ def unplanned_family(argv) -> str | None:
     """`model=bert`: a family without a planner description, refused in one line before
     Hydra composes (BERT's and the CNN's model files set training's data group, which the
     planner's config does not have)."""
-    from zoo.families import FAMILIES
+    from zoo.families.registry import FAMILIES
 
     for arg in argv:
         if arg.startswith("model=") and arg[6:] in FAMILIES and FAMILIES[arg[6:]].planner is None:

@@ -10,7 +10,7 @@ from zoo.plan.model_desc import ModelDesc
 def describe_model(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     """The planner's description of `cfg` (its family's `FamilySpec.planner`); `vocab_size`
     is the tokenizer's, for families that have one."""
-    from zoo.families import FAMILIES, family
+    from zoo.families.registry import FAMILIES, family
     from zoo.run.errors import ConfigError
 
     spec = family(cfg.family)

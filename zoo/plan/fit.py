@@ -55,7 +55,7 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
     model = cfg.model
     if model.init_from:  # the imported model's dimensions (validation has read its config.json)
         from zoo.checkpoint.hf_weights import hf_meta
-        from zoo.families import family
+        from zoo.families.registry import family
 
         meta = hf_meta(model.init_from, family(model.family), model.vocab_pad_multiple)  # padded as imported
         keys = {f.name for f in dataclasses.fields(model)}

@@ -181,7 +181,7 @@ class Plan:
 
 def make_plan(cfg: PlanRunConfig) -> Plan:
     """Check the config, describe the model, estimate every layout."""
-    from zoo.families import check_size, family
+    from zoo.families.registry import check_size, family
     from zoo.plan.fit import GPT2_VOCAB
     from zoo.run.errors import ConfigError
 

@@ -8,7 +8,7 @@ import torch
 from tests.unit.models.test_vocab_padding import VOCAB, save_hf
 from zoo.checkpoint import sharded
 from zoo.checkpoint.hf_weights import read_hf
-from zoo.families import family
+from zoo.families.registry import family
 from zoo.parallel.sharding import ShardSpec, shard_tensor
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from zoo.config.schema import Config, DataConfig, recorded
-from zoo.families import family
 from zoo.families.data_keys import unread
+from zoo.families.registry import family
 
 
 def test_each_source_keeps_only_the_keys_it_reads():

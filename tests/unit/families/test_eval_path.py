@@ -5,7 +5,7 @@ import pytest
 
 from tests.unit.config.test_config import composed
 from zoo.config.paths import check_paths
-from zoo.families import family
+from zoo.families.registry import family
 from zoo.run.errors import ConfigError
 
 

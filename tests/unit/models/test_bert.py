@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.models.bert import BERT_SIZES, BertForMaskedLM, bert_shape
 from zoo.parallel.build import build_model, count_parameters
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.models.cnn import ResNet, cnn_shape
 from zoo.parallel.build import build_model, count_parameters
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.models.gpt import GPT_SIZES, gpt_init_std, gpt_shape
 from zoo.models.init import normal_param
 from zoo.parallel.build import build_model, count_parameters

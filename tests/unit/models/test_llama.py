@@ -8,7 +8,7 @@ import torch
 
 from tests.unit.parallel._dist import run_ranks
 from tests.unit.parallel.test_gpt_tp import check_tp_equivalence
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.models.llama import LLAMA_SIZES, LlamaForCausalLM, llama_shape
 from zoo.parallel.build import count_parameters
 

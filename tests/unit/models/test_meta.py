@@ -68,7 +68,7 @@ print("ok")
     whole = """
 import sys, torch
 from zoo.parallel.build import build_model
-from zoo.families import family
+from zoo.families.registry import family
 from zoo.models.gpt import gpt_shape
 model = build_model(family("gpt"), gpt_shape("tiny", 512), seed=0, device=torch.device("cpu"))
 assert not any(p.is_meta for p in model.parameters())

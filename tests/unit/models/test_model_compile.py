@@ -6,7 +6,7 @@ import torch
 
 from tests.unit.config.test_config import check, composed
 from zoo.config.validate import ConfigError
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.models.compile import c_compiler
 from zoo.parallel.build import build_model
 

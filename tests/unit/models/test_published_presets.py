@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zoo.config.schema import ModelConfig
-from zoo.families import FAMILIES
+from zoo.families.registry import FAMILIES
 from zoo.plan.describe import describe_model
 
 PRESETS = [(name, size) for name, spec in FAMILIES.items() for size in spec.published]

@@ -13,7 +13,7 @@ from tests.unit.parallel._dist import run_ranks
 from tests.unit.parallel.test_gpt_tp import check_tp_equivalence
 from zoo.checkpoint.consolidate import assign_full_weights
 from zoo.checkpoint.hf_weights import read_hf, real_rows
-from zoo.families import family
+from zoo.families.registry import family
 from zoo.models.causal_lm import HeadLogits
 from zoo.models.gpt import GPT, GPTShape, gpt_shape
 from zoo.models.llama import LlamaForCausalLM, LlamaShape, llama_shape

@@ -117,7 +117,7 @@ def test_profile_settings_that_cannot_work_are_refused_with_the_fix(tmp_path):
         _writable("trainer.profile.dir", str(tmp_path / "file" / "traces"))
     _writable("trainer.profile.dir", str(tmp_path / "new" / "traces"))
     from zoo.config.paths import check_paths
-    from zoo.families import family
+    from zoo.families.registry import family
 
     empty = _cfg("trainer.profile.start=2", "trainer.profile.dir=")
     with pytest.raises(ConfigError, match="trainer.profile.dir is empty: give a directory for the traces"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tests.unit.parallel._dist import run_ranks
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 
 
 def _shape(kind: str):

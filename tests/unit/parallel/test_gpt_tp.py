@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from tests.unit.parallel._dist import run_ranks
 from zoo.checkpoint.consolidate import full_parameters
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.models.gpt import gpt_shape
 from zoo.parallel.build import build_model
 from zoo.parallel.mappings import gather_from_tp_region

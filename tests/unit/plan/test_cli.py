@@ -173,7 +173,7 @@ def test_the_llama_description_counts_the_real_models_parameters(size):
     import torch
 
     from zoo.config.schema import ModelConfig
-    from zoo.families import family
+    from zoo.families.registry import family
     from zoo.families.transformer import padded_vocab
     from zoo.plan.describe import describe_model
 

@@ -35,7 +35,7 @@ import torch
 import torch.multiprocessing as mp
 
 from zoo.config.schema import ModelConfig
-from zoo.families import family_of_shape as spec_of
+from zoo.families.registry import family_of_shape as spec_of
 from zoo.plan.describe import describe_model
 from zoo.plan.memory import model_state_bytes
 from zoo.worker import leave_process_group
@@ -86,7 +86,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine, lean_start
-    from zoo.families import model_dims
+    from zoo.families.registry import model_dims
     from zoo.parallel.build import build_model
     from zoo.parallel.topology import Layout, build_grid
 
@@ -123,7 +123,7 @@ def _worker_tp_pp(rank: int, port: int, out_dir: str) -> None:
 
     from zoo.config.schema import Config
     from zoo.engine import initialize_engine, lean_start, param_groups
-    from zoo.families import model_dims
+    from zoo.families.registry import model_dims
     from zoo.parallel.build import build, build_model
     from zoo.parallel.topology import Layout, build_grid, tp_group
 
@@ -174,7 +174,7 @@ def measured(tmp_path_factory):
 def _group_numels():
     """Parameter numels of zoo's two AdamW groups (decayed matrices, the rest), tied weight once."""
     from zoo.engine import param_groups
-    from zoo.families import model_dims
+    from zoo.families.registry import model_dims
     from zoo.models.gpt import GPT
 
     with torch.device("meta"):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from zoo.config.schema import ModelConfig
-from zoo.families import family_of_shape as spec_of
-from zoo.families import model_dims
+from zoo.families.registry import family_of_shape as spec_of
+from zoo.families.registry import model_dims
 from zoo.families.transformer import padded_vocab
 from zoo.parallel.build import count_parameters
 from zoo.plan.describe import describe_model
