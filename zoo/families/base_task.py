@@ -218,3 +218,39 @@ class AccuracyEvaluation:
             return {}
         out = self.final_metrics(model, eval_loss)
         return {k: out[k] for k in ("eval_accuracy", "baseline_accuracy", "majority_class_accuracy") if k in out}
+
+
+class TextDocuments:
+    """What the text families (GPT and Llama's CausalLMTask, BERT's task) share when they read
+    documents rather than a prepared directory: the import and the tokenizer's choice, and the
+    held-out source of data.eval_path. Mixed into a Task (self.cfg, self.spec, self.data_counts)."""
+
+    def _import_and_tokenizer(self, docs, source_key: str, train_tokenizer, pad_multiple: Optional[int] = None):
+        """(model.init_from's dimensions or None, the tokenizer directory); sets self.init_state to
+        the import's weights. The tokenizer: data.tokenizer, else init_from's own (a tokenizer.json
+        beside its weights), else one `train_tokenizer` trains on `docs` (cached by `source_key`)."""
+        cfg = self.cfg
+        self.init_state, meta, tok_dir = None, None, cfg.data.tokenizer
+        if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
+            from zoo.checkpoint.hf_weights import read_hf
+
+            meta, self.init_state = read_hf(cfg.model.init_from, self.spec, pad_multiple)
+            if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
+                tok_dir = cfg.model.init_from
+        return meta, tok_dir or str(train_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
+
+    def _held_out_documents(self):
+        """data.eval_path's documents (read as data.path is), or None; their counts join
+        self.data_counts as eval_*."""
+        d = self.cfg.data
+        if not d.eval_path:
+            return None
+        from data_pipelines.text_sources import as_eval_path_error, read_source
+        from zoo.run.errors import DataError
+
+        try:
+            held = read_source("hub" if d.name == "hub" else "files", d.eval_path, d.text_column)
+        except DataError as err:
+            raise as_eval_path_error(err, d.eval_path) from None
+        self.data_counts.update({f"eval_{k}": v for k, v in held.counts.items()})
+        return held

@@ -15,13 +15,13 @@ import torch
 import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream
-from zoo.families.base_task import Batch, Task
+from zoo.families.base_task import Batch, Task, TextDocuments
 from zoo.families.transformer import padded_vocab
 
 PROMPT_TOKENS = 8  # the default prompt: this many tokens from the start of the held-out split
 
 
-class CausalLMTask(Task):
+class CausalLMTask(TextDocuments, Task):
     def _shape(self, meta=None):
         """The model's shape: the imported model's (its config.json's fields), else the config's
         with the tokenizer's vocabulary padded."""
@@ -62,15 +62,7 @@ class CausalLMTask(Task):
         cfg = self.cfg
         documents = read_documents(cfg.data)
         docs, source_key, self.data_counts = documents.texts, documents.key, documents.counts
-        self.init_state, meta = None, None
-        tok_dir = cfg.data.tokenizer
-        if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
-            from zoo.checkpoint.hf_weights import read_hf
-
-            meta, self.init_state = read_hf(cfg.model.init_from, self.spec, cfg.model.vocab_pad_multiple)
-            if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
-                tok_dir = cfg.model.init_from
-        tok_dir = tok_dir or str(train_gpt_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
+        meta, tok_dir = self._import_and_tokenizer(docs, source_key, train_gpt_tokenizer, cfg.model.vocab_pad_multiple)
         block = meta["block_size"] if meta is not None else self.spec.shape(cfg.model).block_size
         pack = dict(block_size=block, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
         entry = prepare_packed_blocks(docs, tok_dir, eval_fraction=0.0 if cfg.data.eval_path else cfg.data.eval_fraction,
@@ -79,20 +71,18 @@ class CausalLMTask(Task):
             save_tokenizer(tok_dir, run_dir / "tokenizer")  # its own files: not an imported model's weights
         self.tokenizer = LazyTokenizer(tok_dir) if os.path.isdir(tok_dir) else load_tokenizer(tok_dir)
         self.blocks = load_packed_blocks(entry)
-        if cfg.data.eval_path:  # a held-out source of its own: all of its blocks are the eval split
+        held = self._held_out_documents()
+        if held is not None:  # a held-out source of its own: all of its blocks are the eval split
             from data_pipelines.lm import PackedBlocks
-            from data_pipelines.text_sources import as_eval_path_error, read_source
+            from data_pipelines.text_sources import as_eval_path_error
             from zoo.run.errors import DataError
 
-            try:
-                held = read_source("hub" if cfg.data.name == "hub" else "files", cfg.data.eval_path,
-                                   cfg.data.text_column)
+            try:  # too few tokens for one block is said of data.eval_path
                 held_entry = prepare_packed_blocks(held.texts, tok_dir, eval_fraction=0.0, source_key=held.key, **pack)
             except DataError as err:
                 raise as_eval_path_error(err, cfg.data.eval_path) from None
             self.blocks = PackedBlocks(train=self.blocks.train, eval=load_packed_blocks(held_entry).train,
                                        meta=self.blocks.meta)
-            self.data_counts.update({f"eval_{k}": v for k, v in held.counts.items()})
         self.shape = self._shape(meta)
         if meta is not None:
             own = meta.get("vocab_real") or meta["vocab_size"]

@@ -14,13 +14,13 @@ import torch.nn as nn
 
 from data_pipelines.schedule import micro_batch_start
 from zoo.engine import micro_batching
-from zoo.families.base_task import AccuracyEvaluation, Batch, Task
+from zoo.families.base_task import AccuracyEvaluation, Batch, Task, TextDocuments
 from zoo.families.transformer import padded_vocab, shape_from_config
 from zoo.models.bert import BertShape, bert_shape
 from zoo.run.errors import ConfigError
 
 
-class BertTask(AccuracyEvaluation, Task):
+class BertTask(AccuracyEvaluation, TextDocuments, Task):
     family = "bert"
 
     def prepare(self, run_dir: Path, rank: int) -> None:
@@ -89,14 +89,7 @@ class BertTask(AccuracyEvaluation, Task):
         cfg = self.cfg
         documents = read_documents(cfg.data)
         docs, source_key, self.data_counts = documents.texts, documents.key, documents.counts
-        self.init_state, meta, tok_dir = None, None, cfg.data.tokenizer
-        if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
-            from zoo.checkpoint.hf_weights import read_hf
-
-            meta, self.init_state = read_hf(cfg.model.init_from, self.spec)
-            if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
-                tok_dir = cfg.model.init_from
-        tok_dir = tok_dir or str(train_bert_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
+        meta, tok_dir = self._import_and_tokenizer(docs, source_key, train_bert_tokenizer)
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self._check_special_tokens(f"data.tokenizer={tok_dir!r}")
         block = meta["block_size"] if meta else shape_from_config(bert_shape, cfg.model).block_size
@@ -109,21 +102,6 @@ class BertTask(AccuracyEvaluation, Task):
             save_tokenizer(tok_dir, run_dir / "tokenizer")
         self.samples = load_mlm_samples(entry)
         self.shape = self._model_shape(meta)
-
-    def _held_out_documents(self):
-        """data.eval_path's documents (read as data.path is), or None."""
-        d = self.cfg.data
-        if not d.eval_path:
-            return None
-        from data_pipelines.text_sources import as_eval_path_error, read_source
-        from zoo.run.errors import DataError
-
-        try:
-            held = read_source("hub" if d.name == "hub" else "files", d.eval_path, d.text_column)
-        except DataError as err:
-            raise as_eval_path_error(err, d.eval_path) from None
-        self.data_counts.update({f"eval_{k}": v for k, v in held.counts.items()})
-        return held
 
     def build_options(self, grid) -> dict:
         # Batches are padded to their longest sample, except under pp x tp: DeepSpeed's
