@@ -3,9 +3,9 @@
 `check_ranges` runs first in the validation pass (zoo.config.validate.resolve_layout), before any
 process starts, so nonsense that torch or DeepSpeed would only trip over on the ranks
 (a dropout of 1.5, betas above 1, a negative epsilon) is refused in one line naming the
-key, the value, the range and what the value means. Each key's docstring in the schema
-states the same range (tests/unit/config/test_config_ranges.py holds the two together, and fails
-for a numeric key without a range). Rules across keys (divisibility, layout, batches) stay
+key, the value, the range and what the value means. The ranges are written here only: the
+generated config reference (zoo.config.reference, docs/config.md) states each after the key's
+docstring (tests/unit/config/test_config_ranges.py fails for a numeric key without a range). Rules across keys (divisibility, layout, batches) stay
 in zoo.config.validate and the families' checks.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The config reference, generated from the schema: every key of `zoo.config.schema.Config`
-with its type, its default and the docstring under it (which states the key's range, held
-to zoo.config.ranges by tests/unit/config/test_config_ranges.py), each config group's options from
+with its type, its default, the docstring under it and its range (zoo.config.ranges, where
+each range is written once), each config group's options from
 conf/ and each family's size presets. The checked-in docs/config.md is this module's output; a unit test fails when it
 is stale:
 
@@ -34,7 +34,10 @@ def docstrings(cls) -> Dict[str, str]:
 
 
 def keys(cls=schema.Config, prefix: str = "") -> Iterator[Tuple[str, object, object, str]]:
-    """(dotted key, type, default, docstring) of every leaf key under `cls`, in schema order."""
+    """(dotted key, type, default, docstring) of every leaf key under `cls`, in schema order; a
+    numeric key's docstring ends with its range, written once in zoo.config.ranges."""
+    from zoo.config.ranges import RANGES
+
     docs = docstrings(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -42,7 +45,10 @@ def keys(cls=schema.Config, prefix: str = "") -> Iterator[Tuple[str, object, obj
         if dataclasses.is_dataclass(default):
             yield from keys(type(default), f"{prefix}{f.name}.")
         else:
-            yield f"{prefix}{f.name}", hints[f.name], default, docs.get(f.name, "")
+            key, doc = f"{prefix}{f.name}", docs.get(f.name, "")
+            if key in RANGES:
+                doc = f"{doc} Range: {RANGES[key].text()}.".strip()
+            yield key, hints[f.name], default, doc
 
 
 def _type(t) -> str:

@@ -29,11 +29,11 @@ class ModelDims:
     Llama: tiny, smollm-135m, tinyllama-1.1b, llama2-7b, llama3-8b, llama2-70b; BERT: tiny, base,
     large; CNN: tiny, resnet18, resnet50). Ignored with model.init_from (the import's own)."""
     n_layer: Optional[int] = None
-    """Override the preset's number of transformer layers. Range: positive."""
+    """Override the preset's number of transformer layers."""
     n_head: Optional[int] = None
-    """Override the preset's number of attention heads. Range: positive."""
+    """Override the preset's number of attention heads."""
     n_embd: Optional[int] = None
-    """Override the preset's hidden size. Range: positive."""
+    """Override the preset's hidden size."""
 
 
 @dataclass
@@ -42,16 +42,16 @@ class ModelConfig(LlamaModelKeys, ModelDims):
     then the rest."""
 
     ffn_mult: int = 4
-    """FFN width as a multiple of the hidden size. Range: positive."""
+    """FFN width as a multiple of the hidden size."""
     block_size: Optional[int] = None
-    """Context length (tokens). None: the preset's. Range: positive."""
+    """Context length (tokens). None: the preset's."""
     vocab_size: Optional[int] = None
-    """Vocabulary size. None: the tokenizer's, padded up to a multiple of `vocab_pad_multiple`. Range: positive."""
+    """Vocabulary size. None: the tokenizer's, padded up to a multiple of `vocab_pad_multiple`."""
     vocab_pad_multiple: int = 128
     """The tokenizer's vocabulary is padded to a multiple of this (fixed, so every layout
-    builds the same model); tp must divide the padded size. Range: positive."""
+    builds the same model); tp must divide the padded size."""
     dropout: float = 0.0
-    """Dropout on embeddings, attention and residual branches. Range: in [0, 1)."""
+    """Dropout on embeddings, attention and residual branches."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
     compile: bool = False
@@ -73,24 +73,24 @@ class ModelConfig(LlamaModelKeys, ModelDims):
 @dataclass
 class ParallelConfig:
     tp: int = 1
-    """Tensor-parallel size (ranks sharing each layer; keep inside a node). Range: positive."""
+    """Tensor-parallel size (ranks sharing each layer; keep inside a node)."""
     pp: int = 1
-    """Pipeline-parallel size (stages). Range: positive."""
+    """Pipeline-parallel size (stages)."""
     dp: Optional[int] = None
     """Data-parallel replicas. Local run: how many to start (None: 1). Under torchrun,
-    the deepspeed launcher or srun: derived from the world size (a set value must match). Range: positive."""
+    the deepspeed launcher or srun: derived from the world size (a set value must match)."""
     zero_stage: int = 0
-    """DeepSpeed ZeRO stage 0-3 over the data-parallel group. Range: in [0, 3]."""
+    """DeepSpeed ZeRO stage 0-3 over the data-parallel group."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence across the tp group."""
     num_microbatches: Optional[int] = None
-    """Micro-batches per step per pipeline. None: derived from the global batch. Range: positive."""
+    """Micro-batches per step per pipeline. None: derived from the global batch."""
     partition_method: str = "parameters"
     """How DeepSpeed splits layers into pipeline stages: parameters, uniform, type:REGEX."""
     backend: Optional[str] = None
     """torch.distributed backend. None: nccl on CUDA, gloo on CPU."""
     timeout_s: int = 300
-    """Collective timeout: a rank that hangs or dies ends the whole job after this long. Range: positive."""
+    """Collective timeout: a rank that hangs or dies ends the whole job after this long."""
 
 
 @dataclass
@@ -120,15 +120,15 @@ class DataConfig(MaskingDataKeys, ImageDataKeys, DataSource):
     """None: train one on the source (cached). Else a local directory holding tokenizer.json
     (save_pretrained's output; save a Hub tokenizer to a directory first)."""
     vocab_size: int = 4096
-    """Vocabulary size of a tokenizer trained here. Range: >= 260."""
+    """Vocabulary size of a tokenizer trained here."""
     eval_fraction: float = 0.05
-    """Share of the source held out for evaluation. Range: in (0, 1)."""
+    """Share of the source held out for evaluation."""
     num_proc: int = 1
     """GPT and Llama: processes tokenizing in `datasets.map` (batched, fast tokenizer) when text is
-    tokenized into the cache. Range: >= 1."""
+    tokenized into the cache."""
     num_workers: int = 0
     """DataLoader worker processes per rank preparing the next step's batches; 0: one
-    background thread. Range: >= 0."""
+    background thread."""
     cache_dir: Optional[str] = None
     """Where tokenizers and tokenized datasets are cached. None: $ZOO_CACHE or ~/.cache/zoo."""
 
@@ -139,31 +139,31 @@ class OptimConfig:
     """`adamw` (torch's AdamW) or `sgd` (torch's SGD with momentum), both through DeepSpeed's
     optimizer config (`optim=adamw` / `optim=sgd` pick a preset)."""
     lr: float = 1e-3
-    """Peak learning rate. Range: positive."""
+    """Peak learning rate."""
     schedule: str = "cosine"
     """After the linear warmup: `cosine` (to min_lr), `linear` (to min_lr), `constant`, or
     `wsd` (warmup-stable-decay: constant, then linear to min_lr over the last decay_fraction)."""
     min_lr: float = 1e-4
-    """Learning rate at the end of the schedule (cosine, linear, wsd). Range: >= 0."""
+    """Learning rate at the end of the schedule (cosine, linear, wsd)."""
     decay_fraction: float = 0.1
-    """wsd: the share of the schedule's steps its final decay takes. Range: in (0, 1]."""
+    """wsd: the share of the schedule's steps its final decay takes."""
     warmup_steps: int = 20
-    """Linear warmup steps. Range: >= 0."""
+    """Linear warmup steps."""
     decay_steps: Optional[int] = None
     """Length of the warmup + cosine schedule in steps. None: trainer.max_steps. Set it when
-    one schedule is spread over runs that stop early (each with its own max_steps). Range: positive."""
+    one schedule is spread over runs that stop early (each with its own max_steps)."""
     weight_decay: float = 0.1
-    """AdamW weight decay. Range: >= 0."""
+    """AdamW weight decay."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    """AdamW betas. Range: in [0, 1)."""
+    """AdamW betas."""
     eps: float = 1e-8
-    """AdamW epsilon. Range: positive."""
+    """AdamW epsilon."""
     momentum: float = 0.9
-    """SGD momentum (0: none). Range: in [0, 1)."""
+    """SGD momentum (0: none)."""
     nesterov: bool = False
     """SGD: Nesterov momentum (needs momentum > 0)."""
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0 disables). Range: >= 0."""
+    """Clip the global gradient norm to this (0 disables)."""
 
 
 @dataclass
@@ -171,15 +171,15 @@ class PrecisionConfig:
     dtype: str = "fp32"
     """fp32, bf16 or fp16 (fp16: dynamic loss scaling, DeepSpeed's; on a CPU where torch computes fp16)."""
     loss_scale: float = 0.0
-    """fp16: a static loss scale; 0: dynamic. Range: >= 0."""
+    """fp16: a static loss scale; 0: dynamic."""
     initial_scale_power: int = 16
-    """fp16: initial loss scale 2**this. Range: in [0, 32]."""
+    """fp16: initial loss scale 2**this."""
     loss_scale_window: int = 1000
-    """fp16: steps without overflow before the scale doubles. Range: positive."""
+    """fp16: steps without overflow before the scale doubles."""
     hysteresis: int = 2
-    """fp16, ZeRO 1-3: overflows in a row before the scale halves. Range: positive."""
+    """fp16, ZeRO 1-3: overflows in a row before the scale halves."""
     min_loss_scale: float = 1.0
-    """fp16: the dynamic scale never falls below this. Range: positive."""
+    """fp16: the dynamic scale never falls below this."""
 
 
 @dataclass
@@ -204,9 +204,9 @@ class LoggerConfig:
 class EarlyStopConfig:
     patience: int = 0
     """Stop after this many evaluations in a row without a better eval loss (0: never; needs
-    trainer.eval_every). Range: >= 0."""
+    trainer.eval_every)."""
     min_delta: float = 0.0
-    """An eval loss counts as better when it is below the best by more than this. Range: >= 0."""
+    """An eval loss counts as better when it is below the best by more than this."""
 
 
 @dataclass
@@ -214,9 +214,9 @@ class ProfileConfig:
     start: int = 0
     """Profile steps start .. start + steps - 1 with torch.profiler on every rank (steps count
     from 1; 0: no profiling). Traces, the time breakdown and the load balance go to
-    RUN_DIR/profile (zoo/observe/profiler.py). Range: >= 0."""
+    RUN_DIR/profile (zoo/observe/profiler.py)."""
     steps: int = 3
-    """Steps in the profiled window. Range: positive."""
+    """Steps in the profiled window."""
     with_stack: bool = False
     """Record the Python stack of every op (larger traces, more overhead)."""
     memory: bool = False
@@ -230,27 +230,27 @@ class ProfileConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 200
-    """Optimizer steps to run. Range: >= 0."""
+    """Optimizer steps to run."""
     global_batch_size: int = 32
-    """Samples per optimizer step, across all data-parallel replicas. Range: positive."""
+    """Samples per optimizer step, across all data-parallel replicas."""
     micro_batch_size: Any = 8
     """Samples per forward/backward on one rank; accumulation is derived. `auto` (CUDA): the
     largest that keeps measured peak memory within 80% of the device (zoo/plan/batch_finder.py).
-    Typed Any only because OmegaConf has no int-or-"auto" type: validation checks it. Range: positive."""
+    Typed Any only because OmegaConf has no int-or-"auto" type: validation checks it."""
     seed: int = 1234
-    """Seed for init, data order and dropout. Range: in [0, 4294967296)."""
+    """Seed for init, data order and dropout."""
     log_every: int = 10
-    """Log metrics every this many steps. Range: positive."""
+    """Log metrics every this many steps."""
     eval_batches: Optional[int] = None
     """How much of the held-out split an evaluation scores, in global batches
     (trainer.global_batch_size samples each): the first N x global batch samples, the same on
     every layout. None: the whole split, at most 20 global batches; 0: no evaluation. An
     empty held-out split is refused before training, one smaller than a set value is warned
-    about. Range: >= 0."""
+    about."""
     sample_tokens: int = 48
-    """Tokens generated at the end of a language-model run (0: none). Range: >= 0."""
+    """Tokens generated at the end of a language-model run (0: none)."""
     eval_every: int = 0
-    """Evaluate on the held-out split every this many steps (0: only at the end). Range: >= 0."""
+    """Evaluate on the held-out split every this many steps (0: only at the end)."""
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     sample_prompt: Optional[str] = None
@@ -262,15 +262,15 @@ class TrainerConfig:
     and its size), print it and exit: no rank starts, nothing is written. `--dry-run` sets it."""
     max_nonfinite_steps: int = 3
     """Stop the run after this many consecutive steps with a non-finite loss (no checkpoint
-    is written over the last good one meanwhile). fp16 overflows are skipped by the engine. Range: positive."""
+    is written over the last good one meanwhile). fp16 overflows are skipped by the engine."""
 
 
 @dataclass
 class CheckpointConfig:
     every: int = 0
-    """Save every this many steps (0: only on request, e.g. signals). Range: >= 0."""
+    """Save every this many steps (0: only on request, e.g. signals)."""
     keep: int = 2
-    """Checkpoints kept in the run directory. Range: positive."""
+    """Checkpoints kept in the run directory."""
     best: bool = False
     """Keep checkpoints/best: the checkpoint of the best eval loss so far (needs
     trainer.eval_every; layout-free, resumable and exportable like the others)."""

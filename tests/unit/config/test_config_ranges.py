@@ -1,5 +1,5 @@
-"""Every numeric key of the training schema has a range (zoo.config.ranges), its docstring
-says that range, and a value outside it is refused in the validation pass with one line
+"""Every numeric key of the training schema has a range (zoo.config.ranges, written there
+only), the generated reference says that range, and a value outside it is refused in the validation pass with one line
 naming the key, the value and the range."""
 from __future__ import annotations
 
@@ -38,10 +38,17 @@ def _docstrings() -> dict:
     return {key: doc for key, _, _, doc in keys()}
 
 
-def test_every_docstring_states_the_range_that_is_checked():
+def test_every_range_is_written_once_and_the_reference_states_the_one_checked():
     docs = _docstrings()
-    wrong = [k for k, r in RANGES.items() if f"Range: {r.text()}." not in docs.get(k, "")]
+    wrong = [k for k, r in RANGES.items() if not docs.get(k, "").endswith(f"Range: {r.text()}.")]
     assert not wrong, wrong
+    import inspect
+
+    from zoo.config.reference import docstrings
+
+    written = [(cls.__name__, k) for cls in SECTIONS.values() for k, d in docstrings(cls).items() if "Range:" in d]
+    assert not written, f"a range written in a docstring again (zoo.config.ranges holds them): {written}"
+    assert "Range:" not in inspect.getsource(schema)
 
 
 # One value outside each range: (override, what the line must say).

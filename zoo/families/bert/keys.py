@@ -9,4 +9,4 @@ from dataclasses import dataclass
 class MaskingDataKeys:
     mlm_probability: float = 0.15
     """BERT: share of the tokens selected for the masked-LM objective (80% [MASK], 10% random,
-    10% kept). Range: in (0, 1)."""
+    10% kept)."""

@@ -13,4 +13,4 @@ class ImageDataKeys:
     label_column: str = "label"
     """Column holding the class labels in a `hub` image dataset (CNN)."""
     image_size: Optional[int] = None
-    """CNN: resize `files`/`hub` images to this many pixels square. None: the first image's size. Range: positive."""
+    """CNN: resize `files`/`hub` images to this many pixels square. None: the first image's size."""
