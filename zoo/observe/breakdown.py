@@ -7,6 +7,12 @@ A moment of a step counts once, for the first kind that covers it in PRIORITY or
 all-reduce inside the backward pass is communication, not backward); what no range covers
 is idle. Under pipeline parallelism a blocking receive is the wait for the neighbour stage,
 so the bubble shows as send/recv.
+
+A multi-rank window is bounded by two barriers (`zoo.sync`, zoo.observe.profiler): a step's
+time is the window's, from the end of the first to the end of the last, over its steps, the
+same on ranks that run in lockstep (pipeline stages), what lies between the steps and the
+wait at the closing barrier counted as idle. A window without them (one rank) is the sum of
+its `zoo.step` ranges.
 """
 from __future__ import annotations
 
@@ -79,6 +85,9 @@ def step_breakdown(ranges: Iterable[Tuple[str, float, float]]) -> Dict[str, obje
     ranges = list(ranges)
     count = sum(1 for n, _, _ in ranges if n == "zoo.step")
     steps = merged((a, b) for n, a, b in ranges if n == "zoo.step")
+    syncs = sorted(b for n, _, b in ranges if n == "zoo.sync")
+    if len(syncs) >= 2 and steps:  # the barriers' window (module docstring)
+        steps = [(syncs[0], syncs[-1])]
     if not count:
         return {"steps": 0, "step_ms": 0.0, "ms": {k: 0.0 for k in KINDS}}
     by_kind: Dict[str, List[Span]] = {}

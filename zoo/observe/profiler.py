@@ -83,12 +83,20 @@ class ProfileWindow:
         self.prof = torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True,
                                            with_stack=self.with_stack)
         self.prof.start()
+        self._sync()  # the window opens on every rank at once (zoo.observe.breakdown)
         self.comm.annotate = True
         if self.pipelined:  # DeepSpeed's schedule instructions, each marked by its kind
             from zoo.engine.pipe_hooks import wrap_instructions
 
             wrap_instructions(self.engine, _marked)
         self.t0 = time.perf_counter()
+
+    @staticmethod
+    def _sync() -> None:
+        """A barrier of every rank, marked `zoo.sync`: the window's bounds (one rank: none)."""
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            with torch.profiler.record_function("zoo.sync"):
+                dist.barrier()
 
     def abort(self) -> None:
         """A step of the window failed: stop profiling, give stderr back (what was held is written)."""
@@ -117,8 +125,9 @@ class ProfileWindow:
             return None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        window_s = time.perf_counter() - self.t0
         self.comm.annotate = False
+        self._sync()  # and closes at once: a rank done early waits here (idle)
+        window_s = time.perf_counter() - self.t0
         if self.pipelined:
             from zoo.engine.pipe_hooks import unwrap_instructions
 

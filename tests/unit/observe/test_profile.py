@@ -42,6 +42,23 @@ def test_pipeline_send_and_receive_count_before_the_collective_they_use():
     assert step_breakdown([("zoo.forward", 0, 1)])["steps"] == 0  # no step range: nothing to say
 
 
+def test_a_window_between_barriers_is_the_step_time_of_every_rank_in_lockstep():
+    """Two pipeline stages over the same barrier-bounded window (2 steps, 0-4000 us): the first
+    stage's steps end early (it waits at the closing barrier), the last's start late (its
+    trainer's work between steps); both read 2 ms a step, the gaps counted idle (#33 item 10:
+    they read 1.37x apart when each summed its own step ranges)."""
+    first = [("zoo.sync", -50, 0), ("zoo.step", 0, 1500), ("zoo.forward", 0, 500), ("zoo.step", 2000, 3400),
+             ("zoo.backward", 2000, 3000), ("zoo.sync", 3400, 4000)]
+    last = [("zoo.sync", -10, 0), ("zoo.step", 300, 2000), ("zoo.forward", 300, 1300), ("zoo.step", 2300, 4000),
+            ("zoo.backward", 2300, 3800), ("zoo.sync", 3990, 4000)]
+    a, b = step_breakdown(first), step_breakdown(last)
+    assert a["step_ms"] == b["step_ms"] == pytest.approx(2.0)
+    assert a["ms"]["idle"] == pytest.approx(2.0 - 0.25 - 0.5) and b["ms"]["idle"] == pytest.approx(2.0 - 0.5 - 0.75)
+    assert sum(a["ms"].values()) == pytest.approx(a["step_ms"])
+    alone = step_breakdown([r for r in first if r[0] != "zoo.sync"])  # one rank: its own step ranges
+    assert alone["step_ms"] == pytest.approx((1500 + 1400) / 2 / 1e3)
+
+
 def _row(rank, pp, dp, compute_ms, tp=0, step_ms=100.0):
     ms = {k: 0.0 for k in ("forward", "backward", "optimizer", "all-reduce", "all-gather", "reduce-scatter",
                            "send/recv", "broadcast", "other comm", "data", "idle")}
