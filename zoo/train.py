@@ -100,13 +100,41 @@ def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     return OmegaConf.create(merged)
 
 
+def _auto_layout(cfg: Config, env, run_dir: str, overrides) -> Config:
+    """parallel=auto: the planned layout for the ranks there are (zoo.plan.auto), said in at
+    most three lines; on a resume, what changed from the layout that wrote the run."""
+    import torch
+
+    from zoo.plan.auto import given_keys, plan_layout, replanned_line, world_of
+    from zoo.plan.dry_run import planned_vocab
+    from zoo.plan.fit import device_memory_bytes
+    from zoo.run import launch
+
+    world, per_node = world_of(cfg, env.world_size, launch.ranks_per_node(), torch.cuda.device_count(),
+                               len(os.sched_getaffinity(0)))
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    planned, lines = plan_layout(cfg, world=world, per_node=per_node, device_bytes=device_memory_bytes(per_node),
+                                 host_bytes=host, cuda=torch.cuda.is_available(), given=given_keys(overrides),
+                                 vocab_size=planned_vocab(cfg.data))
+    saved = Path(run_dir) / "config.yaml"
+    if cfg.resume and saved.is_file():
+        import yaml
+
+        before = (yaml.safe_load(saved.read_text()) or {}).get("parallel")
+        lines = [replanned_line(before, planned, world, per_node), *lines]
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in lines:
+            print(f"zoo: {line}", flush=True)
+    return planned
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run(dcfg: DictConfig, run_dir: str) -> None:
+def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     job_start = time.time()
     import torch
     from omegaconf.errors import OmegaConfBaseException
@@ -114,7 +142,7 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
     from zoo.config.cli import omegaconf_error_line
     from zoo.config.validate import resolve_layout, validate
     from zoo.run import launch
-    from zoo.run.errors import ZooError
+    from zoo.run.errors import ConfigError, ZooError
 
     try:  # typed and resolved once, the object the ranks get: an unknown `+key` or a bad interpolation fails here
         cfg_yaml = OmegaConf.to_yaml(dcfg, resolve=True)
@@ -126,6 +154,14 @@ def run(dcfg: DictConfig, run_dir: str) -> None:
 
     quiet_third_party(cfg.verbose)  # the raw-deepspeed-key check imports DeepSpeed here
     try:
+        if cfg.parallel.auto:
+            from zoo.config.ranges import check_ranges
+
+            check_ranges(cfg)  # parallel.world_size among them, before it is planned for
+            cfg = _auto_layout(cfg, env, run_dir, overrides)
+        elif cfg.parallel.world_size is not None:
+            raise ConfigError(f"parallel.world_size={cfg.parallel.world_size} is read with parallel=auto (the ranks it "
+                              f"plans for); without it set the layout: parallel.dp=N replicas of tp x pp")
         layout, warnings = resolve_layout(cfg, env.world_size)
         warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
         placed = launch.tp_placement_warning(layout.tp, launch.ranks_per_node()) if env.world_size else None
@@ -276,7 +312,7 @@ def _hydra_main(dcfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         overrides = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed
-        run(continued(dcfg, run_dir, overrides), run_dir)
+        run(continued(dcfg, run_dir, overrides), run_dir, overrides)
     finally:
         os.environ.clear()
         os.environ.update(environ)

@@ -66,6 +66,7 @@ RANGES = {
     "parallel.pp": POSITIVE,
     "parallel.dp": Range(gt=0, hint="or null"),
     "parallel.zero_stage": Range(ge=0, le=3, hint="DeepSpeed's ZeRO stages are 0, 1, 2 and 3"),
+    "parallel.world_size": Range(gt=0, hint="the ranks parallel=auto starts, or null: one per GPU or CPU core"),
     "parallel.num_microbatches": Range(gt=0, hint="or null: derived from the global batch"),
     "parallel.timeout_s": Range(gt=0, hint="seconds a collective may wait before the job ends"),
     "data.image_size": Range(gt=0, hint="pixels, or null: the first image's size"),

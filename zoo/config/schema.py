@@ -83,6 +83,14 @@ class ParallelConfig:
     """DeepSpeed ZeRO stage 0-3 over the data-parallel group."""
     sequence_parallel: bool = False
     """Shard LayerNorm/dropout activations along the sequence across the tp group."""
+    auto: bool = False
+    """Plan the layout at start for the ranks there are (`parallel=auto`, zoo.plan.auto): tp, pp,
+    dp, the ZeRO stage, the micro-batch and accumulation (the global batch stays), sequence
+    parallelism and activation checkpointing; those set on the command line are kept. A resume
+    plans again for its own ranks."""
+    world_size: Optional[int] = None
+    """With parallel.auto on zoo's own launcher: the ranks to start. None: one per GPU, else one
+    per CPU core. Under torchrun, srun or the deepspeed launcher: theirs."""
     num_microbatches: Optional[int] = None
     """Micro-batches per step per pipeline. None: derived from the global batch."""
     partition_method: str = "parameters"

@@ -1,0 +1,65 @@
+"""parallel=auto (zoo.plan.auto): the planner's layout for the ranks there are, keys given on
+the command line kept, and one line for a world where nothing fits or a contradiction."""
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.config.test_config import composed
+from zoo.plan.auto import given_keys, plan_layout, replanned_line, world_of
+from zoo.run.errors import ConfigError
+
+GB = 1e9
+
+
+def _plan(*overrides, world=4, per_node=4, device_gb=8.0, given=()):
+    cfg = composed("parallel=auto", *overrides)
+    return plan_layout(cfg, world=world, per_node=per_node, device_bytes=device_gb * GB, host_bytes=64 * GB,
+                       cuda=False, given=given_keys(given or overrides), vocab_size=4096)
+
+
+def test_the_plan_fills_the_world_and_keeps_the_global_batch():
+    cfg, lines = _plan("trainer.global_batch_size=16")
+    p, t = cfg.parallel, cfg.trainer
+    assert p.tp * p.pp * p.dp == 4 and t.global_batch_size == 16
+    assert t.micro_batch_size * p.dp * (16 // (t.micro_batch_size * p.dp)) == 16
+    assert len(lines) == 2 and lines[0].startswith(f"parallel=auto: tp={p.tp} pp={p.pp} dp={p.dp}")
+    assert "planned for 4 rank(s) on 1 node(s) of 8.0 GB each" in lines[0]
+
+
+def test_a_key_on_the_command_line_is_kept_and_the_rest_planned():
+    cfg, lines = _plan("parallel.tp=2", "trainer.global_batch_size=16")
+    assert cfg.parallel.tp == 2 and cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp == 4
+    assert "kept parallel.tp=2" in lines[0]
+    cfg, _ = _plan("parallel.pp=2", "trainer.global_batch_size=16")
+    assert cfg.parallel.pp == 2 and cfg.parallel.num_microbatches >= 2  # the pipeline's micro-batches planned
+
+
+def test_contradictions_and_a_world_where_nothing_fits_are_one_line():
+    with pytest.raises(ConfigError, match=r"parallel=auto with parallel.tp=3: "):
+        _plan("parallel.tp=3")
+    with pytest.raises(ConfigError, match=r"parallel.dp=2 with parallel=auto: the plan sets dp"):
+        _plan("parallel.dp=2")
+    with pytest.raises(ConfigError, match=r"no layout of 4 rank\(s\) fits: the smallest needs [0-9.]+ GB a rank .* "
+                                          r"GB is usable \(80% of 0.00 GB\); try more ranks"):
+        _plan(device_gb=0.001)
+
+
+def test_the_world_is_the_launchers_else_the_key_else_the_devices():
+    cfg = composed("parallel=auto")
+    assert world_of(cfg, 8, 4, 0, 2) == (8, 4)  # torchrun / srun
+    assert world_of(composed("parallel=auto", "parallel.world_size=3"), None, None, 0, 2) == (3, 3)
+    assert world_of(cfg, None, None, 2, 16) == (2, 2)  # one per GPU
+    assert world_of(cfg, None, None, 0, 16) == (16, 16)  # one per CPU core
+
+
+def test_a_resume_says_what_the_new_plan_changed():
+    from zoo.parallel.topology import Layout
+
+    cfg, _ = _plan("trainer.global_batch_size=16", world=2, per_node=2)
+    p = cfg.parallel
+    now = Layout(tp=p.tp, pp=p.pp, dp=p.dp, zero_stage=p.zero_stage).name
+    assert replanned_line({"tp": 2, "pp": 2, "dp": 1, "zero_stage": 1}, cfg, 2, 2) == (
+        f"re-planned tp2-pp2-dp1_zero1 -> {now}: the job now has 2 rank(s) on 1 node(s) (the run had 4)")
+    same = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "zero_stage": p.zero_stage}
+    assert "the same layout" in replanned_line(same, cfg, 2, 2)
+    assert replanned_line(None, cfg, 2, 2) is None

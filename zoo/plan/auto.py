@@ -1,0 +1,139 @@
+"""`parallel=auto`: the layout planned at start for the ranks the launcher gives.
+
+zoo.train calls `plan_layout` before validation (no process group exists yet): the planner
+(zoo.plan.search) estimates every layout of the model for this world (its size, its ranks
+per node, one device's memory: a GPU's, or on CPU the host's RAM over its ranks) and the
+training config takes the recommended one: tp, pp, dp, the ZeRO stage, the micro-batch and
+accumulation (the global batch stays as set, so the training mathematics does not change),
+sequence parallelism and activation checkpointing. A key given on the command line is kept
+and the rest planned around it. The run records the layout it ran (config.yaml, summary,
+topology), and a resume with parallel=auto on another world plans again and says what
+changed: the layout-free checkpoint continues on any layout.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from omegaconf import OmegaConf
+
+from zoo.config.schema import Config
+from zoo.run.errors import ConfigError
+
+CLUSTERS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+# A key given on the command line -> the planner's restriction that keeps it.
+KEPT = {"parallel.tp": "tp", "parallel.pp": "pp", "parallel.zero_stage": "zero_stages",
+        "trainer.micro_batch_size": "micro_batch_sizes", "model.activation_checkpointing": "activation_checkpointing",
+        "parallel.sequence_parallel": "sequence_parallel"}
+GB = 1e9
+
+
+def given_keys(overrides: Sequence[str]) -> Dict[str, str]:
+    """{key: value as typed} of the command line's `key=value` overrides (`+key`, `++key` too)."""
+    out = {}
+    for o in overrides:
+        key, eq, value = str(o).lstrip("+").partition("=")
+        if eq:
+            out[key] = value
+    return out
+
+
+def world_of(cfg: Config, launcher_world: Optional[int], launcher_per_node: Optional[int],
+             cuda_devices: int, cpu_cores: int) -> Tuple[int, int]:
+    """(ranks, ranks per node): the launcher's (torchrun, srun, the deepspeed launcher), or on
+    zoo's own launcher parallel.world_size, else one rank per GPU, else one per CPU core."""
+    if launcher_world is not None:
+        return launcher_world, min(launcher_per_node or launcher_world, launcher_world)
+    world = cfg.parallel.world_size or cuda_devices or max(1, cpu_cores)
+    return world, world
+
+
+def _cluster(cuda: bool, world: int, per_node: int, device_bytes: float, host_bytes: float):
+    """The planner's machines for this world: the cpu preset's speeds on CPU (this machine's
+    measured ones), the h200 preset's on CUDA, with the world's shape and memory."""
+    from zoo.plan.settings import ClusterConfig
+
+    preset = OmegaConf.load(CLUSTERS / ("h200.yaml" if cuda else "cpu.yaml"))
+    base = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), preset))
+    return dataclasses.replace(base, name=f"{world} rank(s) here", nodes=world // per_node, gpus_per_node=per_node,
+                               gpu_mem_gb=device_bytes / GB, host_mem_gb=host_bytes / GB)
+
+
+def _restrictions(cfg: Config, given: Dict[str, str]) -> Dict[str, object]:
+    """The planner's search narrowed to the command line's layout keys (their composed values)."""
+    values = {"parallel.tp": [cfg.parallel.tp], "parallel.pp": [cfg.parallel.pp],
+              "parallel.zero_stage": [cfg.parallel.zero_stage],
+              "trainer.micro_batch_size": [cfg.trainer.micro_batch_size],
+              "model.activation_checkpointing": [cfg.model.activation_checkpointing],
+              "parallel.sequence_parallel": cfg.parallel.sequence_parallel}
+    return {KEPT[k]: values[k] for k in KEPT if k in given}
+
+
+def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, host_bytes: float, cuda: bool,
+                given: Dict[str, str], vocab_size: int) -> Tuple[Config, List[str]]:
+    """`cfg` with the planned layout, and what to print (at most three lines)."""
+    from zoo.plan.report import reasons
+    from zoo.plan.search import make_plan
+    from zoo.plan.settings import PlanConfig, PlanRunConfig
+
+    if world % per_node:
+        per_node = world  # uneven nodes: planned as one
+    if "parallel.dp" in given:
+        raise ConfigError(f"parallel.dp={given['parallel.dp']} with parallel=auto: the plan sets dp = ranks / (tp x pp); "
+                          f"set the ranks to start with parallel.world_size (zoo's launcher) or the launcher's own, "
+                          f"or drop parallel=auto")
+    kept = _restrictions(cfg, given)
+    if kept.get("micro_batch_sizes") == ["auto"]:
+        kept.pop("micro_batch_sizes")
+    plan_cfg = PlanRunConfig(model=cfg.model, cluster=_cluster(cuda, world, per_node, device_bytes, host_bytes),
+                             precision=cfg.precision, trainer=cfg.trainer,
+                             plan=dataclasses.replace(PlanConfig(), vocab_size=vocab_size, **kept))
+    named = ", ".join(f"{k}={given[k]}" for k in KEPT if k in given)
+    try:
+        plan = make_plan(plan_cfg)
+    except ValueError as err:
+        raise ConfigError(f"parallel=auto{' with ' + named if named else ''}: {err}") from None
+    best = plan.recommended
+    if best is None:
+        smallest = min(plan.candidates, key=lambda c: c.mem.total)
+        fixes = ["more ranks (parallel.world_size, or the launcher's)"]
+        fixes += [] if smallest.layout.activation_checkpointing else ["model.activation_checkpointing=true"]
+        fixes += ["a smaller trainer.global_batch_size"] + (["precision=bf16"] if cfg.precision.dtype == "fp32" else [])
+        raise ConfigError(f"parallel=auto: no layout of {world} rank(s){' with ' + named if named else ''} fits: the "
+                          f"smallest needs {smallest.mem.total / GB:.2f} GB a rank (tp={smallest.layout.tp} "
+                          f"pp={smallest.layout.pp} dp={smallest.layout.dp} zero_stage={smallest.layout.zero_stage}), "
+                          f"{plan.usable_bytes / GB:.2f} GB is usable ({plan.plan.mem_fraction:.0%} of "
+                          f"{device_bytes / GB:.2f} GB); try {', '.join(fixes)}")
+    lay = best.layout
+    parallel = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
+                                   num_microbatches=lay.grad_accum if lay.pp > 1 else None,
+                                   sequence_parallel=lay.tp > 1 and plan.plan.sequence_parallel)
+    trainer = dataclasses.replace(cfg.trainer, micro_batch_size=lay.micro_batch_size)
+    model = dataclasses.replace(cfg.model, activation_checkpointing=lay.activation_checkpointing)
+    planned = dataclasses.replace(cfg, parallel=parallel, trainer=trainer, model=model)
+    nodes = world // per_node
+    lines = [f"parallel=auto: tp={lay.tp} pp={lay.pp} dp={lay.dp} zero_stage={lay.zero_stage}, micro-batch "
+             f"{lay.micro_batch_size} x {lay.grad_accum} accumulated (global batch {cfg.trainer.global_batch_size}), "
+             f"activation checkpointing {'on' if lay.activation_checkpointing else 'off'}, planned for {world} "
+             f"rank(s) on {nodes} node(s) of {device_bytes / GB:.1f} GB each: {best.mem.total / GB:.2f} GB a rank"
+             + (f"; kept {named}" if named else ""),
+             f"parallel=auto: {reasons(plan)[0]}"]
+    return planned, lines
+
+
+def replanned_line(before: Optional[dict], planned: Config, world: int, per_node: int) -> Optional[str]:
+    """On a resume: what changed from the layout that wrote the run (its config.yaml's parallel
+    section), or None where it is the same."""
+    from zoo.parallel.topology import Layout
+
+    if not before:
+        return None
+    old = Layout(tp=before.get("tp", 1), pp=before.get("pp", 1), dp=before.get("dp") or 1,
+                 zero_stage=before.get("zero_stage", 0))
+    p = planned.parallel
+    new = Layout(tp=p.tp, pp=p.pp, dp=p.dp, zero_stage=p.zero_stage)
+    if old.name == new.name:
+        return f"parallel=auto: the same layout as the run's ({new.name}) on {world} rank(s)"
+    return (f"re-planned {old.name} -> {new.name}: the job now has {world} rank(s) on {world // per_node} node(s) "
+            f"(the run had {old.world_size})")
