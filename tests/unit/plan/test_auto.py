@@ -42,6 +42,8 @@ def test_contradictions_and_a_world_where_nothing_fits_are_one_line():
     with pytest.raises(ConfigError, match=r"no layout of 4 rank\(s\) fits: the smallest needs [0-9.]+ GB a rank .* "
                                           r"GB is usable \(80% of 0.00 GB\); try more ranks"):
         _plan(device_gb=0.001)
+    with pytest.raises(ConfigError, match=r"model.family='bert' has no planner description"):
+        _plan("model=bert")
 
 
 def test_the_world_is_the_launchers_else_the_key_else_the_devices():
