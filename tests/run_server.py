@@ -31,7 +31,7 @@ def _preload() -> None:
     import transformers  # noqa: F401
     from transformers import AutoTokenizer  # noqa: F401  (every language model's task: ~2 s of lazy imports)
 
-    import zoo.families  # noqa: F401
+    import zoo.families.registry  # noqa: F401
     import zoo.train  # noqa: F401
     import zoo.trainer  # noqa: F401
     import zoo.worker  # noqa: F401

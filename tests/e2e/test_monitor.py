@@ -52,7 +52,7 @@ def slow_loading_main() -> None:
     to build: a loader that really cannot keep up (run in the test's subprocess)."""
     import dataclasses
 
-    from zoo import families
+    from zoo.families import registry as families
     from zoo.families.causal_lm_task import CausalLMTask
 
     class SlowLoadingGPT(CausalLMTask):

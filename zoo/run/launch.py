@@ -140,7 +140,7 @@ START_METHOD_ENV = "ZOO_START_METHOD"
 
 
 PRELOAD = ("zoo.run.quiet", "deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.pipe.engine", "transformers",
-           "transformers.models.auto.tokenization_auto", "zoo.trainer", "zoo.families", "zoo.worker")
+           "transformers.models.auto.tokenization_auto", "zoo.trainer", "zoo.families.registry", "zoo.worker")
 DYNAMO = ("torch._dynamo",)  # imported by compile and by ZeRO-3's parameter hooks; an eager optimizer does not
 
 
