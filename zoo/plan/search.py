@@ -169,6 +169,8 @@ class Plan:
     """Every layout, ranked (fitting ones first, fastest first)."""
     model: Optional[ModelConfig] = None
     """The model section as given (for the training command that reproduces the plan)."""
+    vocab_size: Optional[int] = None
+    """The tokenizer vocabulary planned for (before padding)."""
 
     @property
     def recommended(self) -> Optional[Candidate]:
@@ -195,4 +197,5 @@ def make_plan(cfg: PlanRunConfig) -> Plan:
     desc = describe_model(cfg.model, vocab)
     cands = enumerate_layouts(desc, cfg.cluster, cfg.trainer.global_batch_size, dtype=cfg.precision.dtype, plan=cfg.plan)
     return Plan(desc=desc, cluster=cfg.cluster, dtype=cfg.precision.dtype,
-                global_batch_size=cfg.trainer.global_batch_size, plan=cfg.plan, candidates=cands, model=cfg.model)
+                global_batch_size=cfg.trainer.global_batch_size, plan=cfg.plan, candidates=cands, model=cfg.model,
+                vocab_size=vocab)

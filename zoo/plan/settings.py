@@ -83,6 +83,13 @@ class PlanConfig:
     parallelism while the model fits)."""
     top: int = 8
     """Candidates listed in the text output."""
+    measure: Optional[int] = None
+    """Run the top this many layouts that fit for plan.measure_steps steps each on this machine
+    (python -m zoo.train), print predicted against measured step time and peak memory, and rank
+    them by measurement (zoo.plan.measure). The cluster must be this machine (e.g. cluster=cpu).
+    None: estimate only."""
+    measure_steps: int = 6
+    """Steps of each measured run; the first (its warm-up) is not timed."""
     verbose: bool = False
     """The text output's full topology diagram (every rank and group); default: a summary."""
     diagram_ranks: int = 64
