@@ -109,7 +109,8 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     parallel = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
                                    num_microbatches=lay.grad_accum if lay.pp > 1 else None,
                                    sequence_parallel=lay.tp > 1 and plan.plan.sequence_parallel)
-    trainer = dataclasses.replace(cfg.trainer, micro_batch_size=lay.micro_batch_size)
+    finder = given.get("trainer.micro_batch_size") == "auto"  # the batch finder measures it on the ranks
+    trainer = cfg.trainer if finder else dataclasses.replace(cfg.trainer, micro_batch_size=lay.micro_batch_size)
     model = dataclasses.replace(cfg.model, activation_checkpointing=lay.activation_checkpointing)
     planned = dataclasses.replace(cfg, parallel=parallel, trainer=trainer, model=model)
     nodes = world // per_node

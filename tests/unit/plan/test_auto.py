@@ -34,6 +34,11 @@ def test_a_key_on_the_command_line_is_kept_and_the_rest_planned():
     assert cfg.parallel.pp == 2 and cfg.parallel.num_microbatches >= 2  # the pipeline's micro-batches planned
 
 
+def test_the_batch_finder_asked_for_stays_the_batch_finder():
+    cfg, _ = _plan("trainer.micro_batch_size=auto", "trainer.global_batch_size=16")
+    assert cfg.trainer.micro_batch_size == "auto" and cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp == 4
+
+
 def test_contradictions_and_a_world_where_nothing_fits_are_one_line():
     with pytest.raises(ConfigError, match=r"parallel=auto with parallel.tp=3: "):
         _plan("parallel.tp=3")
