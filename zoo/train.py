@@ -121,7 +121,8 @@ def _auto_layout(cfg: Config, env, run_dir: str, overrides) -> Config:
         import yaml
 
         before = (yaml.safe_load(saved.read_text()) or {}).get("parallel")
-        lines = [replanned_line(before, planned, world, per_node), *lines]
+        if before:  # the layout that wrote the run
+            lines = [replanned_line(before, planned, world, per_node), *lines]
     if int(os.environ.get("RANK", "0")) == 0:
         for line in lines:
             print(f"zoo: {line}", flush=True)

@@ -42,9 +42,11 @@ def given_keys(overrides: Sequence[str]) -> Dict[str, str]:
 def world_of(cfg: Config, launcher_world: Optional[int], launcher_per_node: Optional[int],
              cuda_devices: int, cpu_cores: int) -> Tuple[int, int]:
     """(ranks, ranks per node): the launcher's (torchrun, srun, the deepspeed launcher), or on
-    zoo's own launcher parallel.world_size, else one rank per GPU, else one per CPU core."""
+    zoo's own launcher parallel.world_size, else one rank per GPU, else one per CPU core. Nodes
+    the world does not divide into evenly are planned as one."""
     if launcher_world is not None:
-        return launcher_world, min(launcher_per_node or launcher_world, launcher_world)
+        per_node = min(launcher_per_node or launcher_world, launcher_world)
+        return launcher_world, per_node if launcher_world % per_node == 0 else launcher_world
     world = cfg.parallel.world_size or cuda_devices or max(1, cpu_cores)
     return world, world
 
@@ -77,8 +79,6 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     from zoo.plan.search import make_plan
     from zoo.plan.settings import PlanConfig, PlanRunConfig
 
-    if world % per_node:
-        per_node = world  # uneven nodes: planned as one
     if "parallel.dp" in given:
         raise ConfigError(f"parallel.dp={given['parallel.dp']} with parallel=auto: the plan sets dp = ranks / (tp x pp); "
                           f"set the ranks to start with parallel.world_size (zoo's launcher) or the launcher's own, "
@@ -123,13 +123,11 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     return planned, lines
 
 
-def replanned_line(before: Optional[dict], planned: Config, world: int, per_node: int) -> Optional[str]:
+def replanned_line(before: dict, planned: Config, world: int, per_node: int) -> str:
     """On a resume: what changed from the layout that wrote the run (its config.yaml's parallel
-    section), or None where it is the same."""
+    section), or that nothing did."""
     from zoo.parallel.topology import Layout
 
-    if not before:
-        return None
     old = Layout(tp=before.get("tp", 1), pp=before.get("pp", 1), dp=before.get("dp") or 1,
                  zero_stage=before.get("zero_stage", 0))
     p = planned.parallel

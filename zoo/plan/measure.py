@@ -18,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 from zoo.plan.search import Candidate, Plan
 
@@ -121,13 +121,11 @@ def report(plan: Plan, runs: List[Measured], steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measured_section(plan: Plan, devices_here: Optional[int] = None) -> str:
+def measured_section(plan: Plan) -> str:
     """The text plan.measure adds to the plan ('' when it is null)."""
-    if devices_here is None:
-        import torch
+    import torch
 
-        devices_here = torch.cuda.device_count()
-    k = check_measure(plan, devices_here)
+    k = check_measure(plan, torch.cuda.device_count())
     if not k:
         return ""
     runs = measure(plan, k, plan.plan.measure_steps)
