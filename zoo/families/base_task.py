@@ -229,14 +229,15 @@ class TextDocuments:
         """(model.init_from's dimensions or None, the tokenizer directory); sets self.init_state to
         the import's weights. The tokenizer: data.tokenizer, else init_from's own (a tokenizer.json
         beside its weights), else one `train_tokenizer` trains on `docs` (cached by `source_key`)."""
+        from zoo.families.data_keys import own_tokenizer
+
         cfg = self.cfg
-        self.init_state, meta, tok_dir = None, None, cfg.data.tokenizer
-        if cfg.model.init_from:  # the architecture, the weights and (if there) the tokenizer
+        self.init_state, meta = None, None
+        if cfg.model.init_from:  # the architecture and the weights
             from zoo.checkpoint.hf_weights import read_hf
 
             meta, self.init_state = read_hf(cfg.model.init_from, self.spec, pad_multiple)
-            if tok_dir is None and (Path(cfg.model.init_from) / "tokenizer.json").exists():
-                tok_dir = cfg.model.init_from
+        tok_dir = own_tokenizer(cfg.data, cfg.model.init_from)
         return meta, tok_dir or str(train_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
 
     def _held_out_documents(self):

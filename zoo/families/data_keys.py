@@ -5,7 +5,7 @@ corpus in silence. Keys every source reads (name, eval_fraction, num_workers, ca
 not listed."""
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 TOKENIZING = ("pydoc", "files", "hub")  # the sources a tokenizer is trained on or applied to
 """A prepared directory holds its tokens and its tokenizer."""
@@ -37,16 +37,23 @@ CHECKED = tuple(dict.fromkeys([*CAUSAL_TEXT, *MASKED_TEXT, *IMAGES]))
 """Every key some source ignores."""
 
 
-def tokenizer_brought(data, init_from) -> str:
-    """What supplies the tokenizer with its own vocabulary (data.tokenizer, or model.init_from's
-    directory holding a tokenizer.json), or "" where one is trained on the data."""
+def own_tokenizer(data, init_from) -> Optional[str]:
+    """The directory of a tokenizer that comes with its own vocabulary: data.tokenizer, else
+    model.init_from where it holds a tokenizer.json; None where one is trained on the data."""
     from pathlib import Path
 
     if data.tokenizer:
-        return f"data.tokenizer={data.tokenizer}"
+        return data.tokenizer
     if init_from and (Path(init_from).expanduser() / "tokenizer.json").exists():
-        return f"model.init_from={init_from}'s tokenizer"
-    return ""
+        return init_from
+    return None
+
+
+def tokenizer_brought(data, init_from) -> str:
+    """What supplies the tokenizer with its own vocabulary (own_tokenizer, named), or ""."""
+    if own_tokenizer(data, init_from) is None:
+        return ""
+    return f"data.tokenizer={data.tokenizer}" if data.tokenizer else f"model.init_from={init_from}'s tokenizer"
 
 
 def unread(data, keys: Dict[str, Tuple[str, ...]], init_from=None) -> Tuple[str, ...]:
