@@ -11,6 +11,7 @@ runs as one rank under torchrun, the deepspeed launcher or srun.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -100,9 +101,10 @@ def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     return OmegaConf.create(merged)
 
 
-def _auto_layout(cfg: Config, env, run_dir: str, overrides) -> Config:
+def _auto_layout(cfg: Config, env, run_dir: str, overrides, measured: bool = True) -> Config:
     """parallel=auto: the planned layout for the ranks there are (zoo.plan.auto), said in at
-    most three lines; on a resume, what changed from the layout that wrote the run."""
+    most three lines; on a resume, what changed from the layout that wrote the run.
+    `measured=False`: the planner's own pick, plan.measure left out and nothing said."""
     import torch
 
     from zoo.plan.auto import given_keys, plan_layout, replanned_line, world_of
@@ -113,9 +115,19 @@ def _auto_layout(cfg: Config, env, run_dir: str, overrides) -> Config:
     world, per_node = world_of(cfg, env.world_size, launch.ranks_per_node(), torch.cuda.device_count(),
                                len(os.sched_getaffinity(0)))
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    measure = None
+    if not measured:
+        cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, measure=None))
+    elif env.kind == "local":  # plan.measure: the layouts run here, from this one process
+        from zoo.plan.measure import measure
+
+        if cfg.plan.measure is not None:
+            print(f"zoo: parallel=auto: running the planner's top {cfg.plan.measure} layouts here for "
+                  f"{cfg.plan.measure_steps} steps each (plan.measure)", flush=True)
     planned, lines = plan_layout(cfg, world=world, per_node=per_node, device_bytes=device_memory_bytes(per_node),
                                  host_bytes=host, cuda=torch.cuda.is_available(), given=given_keys(overrides),
-                                 vocab_size=planned_vocab(cfg.data))
+                                 vocab_size=planned_vocab(cfg.data), measure=measure,
+                                 devices_here=torch.cuda.device_count())
     saved = Path(run_dir) / "config.yaml"
     if cfg.resume and saved.is_file():
         import yaml
@@ -123,10 +135,23 @@ def _auto_layout(cfg: Config, env, run_dir: str, overrides) -> Config:
         before = (yaml.safe_load(saved.read_text()) or {}).get("parallel")
         if before:  # the layout that wrote the run
             lines = [replanned_line(before, planned, world, per_node), *lines]
-    if int(os.environ.get("RANK", "0")) == 0:
+    if measured and int(os.environ.get("RANK", "0")) == 0:
         for line in lines:
             print(f"zoo: {line}", flush=True)
     return planned
+
+
+def _checked(cfg: Config, env) -> tuple:
+    """(the layout, the warnings) of the validation pass; ZooError for a mistake."""
+    import torch
+
+    from zoo.config.validate import resolve_layout, validate
+    from zoo.run import launch
+
+    layout, warnings = resolve_layout(cfg, env.world_size)
+    warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
+    placed = launch.tp_placement_warning(layout.tp, launch.ranks_per_node()) if env.world_size else None
+    return layout, warnings + ([placed] if placed else [])
 
 
 def _free_port() -> int:
@@ -137,11 +162,9 @@ def _free_port() -> int:
 
 def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     job_start = time.time()
-    import torch
     from omegaconf.errors import OmegaConfBaseException
 
     from zoo.config.cli import omegaconf_error_line
-    from zoo.config.validate import resolve_layout, validate
     from zoo.run import launch
     from zoo.run.errors import ConfigError, ZooError
 
@@ -154,27 +177,31 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     from zoo.run.quiet import quiet_third_party
 
     quiet_third_party(cfg.verbose)  # the raw-deepspeed-key check imports DeepSpeed here
+    if not cfg.resume:  # before anything takes time (plan.measure runs layouts for minutes)
+        _refuse_overwriting(run_dir)
+    elif cfg.resume == "auto":
+        _refuse_starting_over(run_dir)
     try:
         if cfg.parallel.auto:
             from zoo.config.ranges import check_ranges
 
             check_ranges(cfg)  # parallel.world_size among them, before it is planned for
+            if cfg.plan.measure is not None:  # the rest of the config checked before the layouts run
+                _checked(_auto_layout(cfg, env, run_dir, overrides, measured=False), env)
             cfg = _auto_layout(cfg, env, run_dir, overrides)
         elif cfg.parallel.world_size is not None:
             raise ConfigError(f"parallel.world_size={cfg.parallel.world_size} is read with parallel=auto (the ranks it "
                               f"plans for); without it set the layout: parallel.dp=N replicas of tp x pp")
-        layout, warnings = resolve_layout(cfg, env.world_size)
-        warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
-        placed = launch.tp_placement_warning(layout.tp, launch.ranks_per_node()) if env.world_size else None
-        warnings += [placed] if placed else []
+        elif cfg.plan.measure is not None:
+            raise ConfigError(f"plan.measure={cfg.plan.measure} is read with parallel=auto (it trains with the fastest "
+                              f"of the planner's top {cfg.plan.measure} layouts, run here first); to compare layouts "
+                              f"without training: python -m zoo.plan model=... cluster=cpu plan.measure="
+                              f"{cfg.plan.measure}")
+        layout, warnings = _checked(cfg, env)
     except ZooError as err:
         if cfg.verbose:
             raise
         _fail(str(err), run_dir)
-    if not cfg.resume:
-        _refuse_overwriting(run_dir)
-    elif cfg.resume == "auto":
-        _refuse_starting_over(run_dir)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         from zoo.plan.dry_run import planned_vocab

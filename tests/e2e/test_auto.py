@@ -35,3 +35,25 @@ def test_a_planned_run_resumed_on_fewer_ranks_is_re_planned_and_continues(run_zo
     assert steps == [5, 6, 7, 8]
     torch.testing.assert_close(torch.tensor([got[s] for s in steps]), torch.tensor([want[s] for s in steps]),
                                rtol=1e-5, atol=0)
+
+
+def test_plan_measure_runs_the_top_layouts_here_and_trains_with_the_fastest(run_zoo, tmp_path):
+    run_dir = tmp_path / "measured"
+    run = run_zoo(*FAST, "parallel=auto", "parallel.world_size=2", "plan.measure=2", "plan.measure_steps=3",
+                  "trainer.max_steps=2", run_dir=run_dir)
+    out = run.stdout
+    assert "zoo: parallel=auto: running the planner's top 2 layouts here for 3 steps each (plan.measure)" in out, out
+    picked = re.search(r"^zoo: parallel=auto: tp=(\d+) pp=(\d+) dp=(\d+) zero_stage=(\d+), micro-batch (\d+)", out, re.M)
+    said = re.search(r"^zoo: parallel=auto: the fastest of the planner's top 2 measured here \(3 steps each\): "
+                     r"([\d.]+) s a step(?: against ([\d.]+) s for the planner's pick \(tp=\d+ pp=\d+ dp=\d+ z\d "
+                     r"mb=\d+ acc=\d+\)|, the planner's own pick \(the next ([\d.]+) s\))$", out, re.M)
+    assert picked and said, out
+    fastest, other = float(said.group(1)), float(said.group(2) or said.group(3))
+    assert 0 < fastest <= other  # the one trained is the faster of the two measured
+    recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
+    tp, pp, dp, zero, micro = map(int, picked.groups())
+    assert (recorded["parallel"]["tp"], recorded["parallel"]["pp"], recorded["parallel"]["dp"],
+            recorded["parallel"]["zero_stage"]) == (tp, pp, dp, zero)
+    assert recorded["trainer"]["global_batch_size"] == 8 and run.summary["world_size"] == 2
+    if pp == 1:
+        assert recorded["trainer"]["micro_batch_size"] == micro

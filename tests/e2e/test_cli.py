@@ -62,6 +62,11 @@ BAD_INPUT = [
     (["optim=sgd", "optim.momentum=0"], "optim.nesterov=true needs momentum"),
     (["trainer.early_stop.patience=2"], "trainer.early_stop.patience=2 needs periodic evaluation"),
     (["checkpoint.best=true"], "checkpoint.best=true keeps the checkpoint of the best evaluation"),
+    # parallel=auto's measured pick (#37 item 3).
+    (["plan.measure=2"], "plan.measure=2 is read with parallel=auto (it trains with the fastest of the planner's top 2"),
+    (["parallel=auto", "plan.measure_steps=1", "plan.measure=2"], "plan.measure_steps=1 must be >= 2"),
+    (["parallel=auto", "parallel.world_size=2", "plan.measure=2", "optim.min_lr=0.01"],
+     "optim.min_lr=0.01 is above optim.lr=0.001"),  # the rest of the config checked before any layout runs
 ]
 
 

@@ -91,6 +91,8 @@ RANGES = {
     "precision.loss_scale_window": POSITIVE,
     "precision.hysteresis": POSITIVE,
     "precision.min_loss_scale": Range(gt=0, hint="the dynamic scale's floor, e.g. 1"),
+    "plan.measure": Range(gt=0, hint="the planner's top layouts parallel=auto runs here before training, or null"),
+    "plan.measure_steps": Range(ge=2, hint="each measured run's steps; the first, its warm-up, is not timed"),
     "trainer.max_steps": Range(ge=0),
     "trainer.global_batch_size": POSITIVE,
     "trainer.micro_batch_size": Range(gt=0, hint="an integer, or auto"),

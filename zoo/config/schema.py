@@ -297,6 +297,18 @@ class CheckpointConfig:
 
 
 @dataclass
+class MeasureConfig:
+    measure: Optional[int] = None
+    """Run the planner's top this many layouts that fit for plan.measure_steps steps each on this
+    machine (python -m zoo.train, zoo.plan.measure). `python -m zoo.plan` prints predicted against
+    measured step time and peak memory and ranks them by measurement (the cluster must be this
+    machine, e.g. cluster=cpu); training with parallel=auto trains with the fastest measured
+    (zoo's own launcher: the ranks start on this machine). None: the estimate alone."""
+    measure_steps: int = 6
+    """Steps of each measured run; the first (its warm-up) is not timed."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -306,6 +318,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    plan: MeasureConfig = field(default_factory=MeasureConfig)
     experiment: Optional[str] = None
     """Name of the pinned experiment (set by `experiment/` files; the wandb group)."""
     resume: Optional[str] = None

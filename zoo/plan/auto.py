@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
@@ -73,8 +73,12 @@ def _restrictions(cfg: Config, given: Dict[str, str]) -> Dict[str, object]:
 
 
 def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, host_bytes: float, cuda: bool,
-                given: Dict[str, str], vocab_size: int) -> Tuple[Config, List[str]]:
-    """`cfg` with the planned layout, and what to print (at most three lines)."""
+                given: Dict[str, str], vocab_size: int, measure: Optional[Callable] = None,
+                devices_here: int = 0) -> Tuple[Config, List[str]]:
+    """`cfg` with the planned layout, and what to print (at most three lines). With
+    plan.measure=K, `measure(plan, K, steps)` (zoo.plan.measure.measure: the layouts run on this
+    machine) runs the planner's top K and the fastest measured is taken; None: plan.measure is
+    refused (the ranks were not started by zoo's own launcher)."""
     from zoo.plan.report import reasons
     from zoo.plan.search import make_plan
     from zoo.plan.settings import PlanConfig, PlanRunConfig
@@ -88,7 +92,8 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
         kept.pop("micro_batch_sizes")
     plan_cfg = PlanRunConfig(model=cfg.model, cluster=_cluster(cuda, world, per_node, device_bytes, host_bytes),
                              precision=cfg.precision, trainer=cfg.trainer,
-                             plan=dataclasses.replace(PlanConfig(), vocab_size=vocab_size, **kept))
+                             plan=dataclasses.replace(PlanConfig(), vocab_size=vocab_size, measure=cfg.plan.measure,
+                                                      measure_steps=cfg.plan.measure_steps, **kept))
     named = ", ".join(f"{k}={given[k]}" for k in KEPT if k in given)
     try:
         plan = make_plan(plan_cfg)
@@ -105,6 +110,9 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
                           f"pp={smallest.layout.pp} dp={smallest.layout.dp} zero_stage={smallest.layout.zero_stage}), "
                           f"{plan.usable_bytes / GB:.2f} GB is usable ({plan.plan.mem_fraction:.0%} of "
                           f"{device_bytes / GB:.2f} GB); try {', '.join(fixes)}")
+    reason = reasons(plan)[0]
+    if cfg.plan.measure is not None:
+        best, reason = _measured_pick(plan, measure, devices_here)
     lay = best.layout
     parallel = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
                                    num_microbatches=lay.grad_accum if lay.pp > 1 else None,
@@ -119,8 +127,33 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
              f"activation checkpointing {'on' if lay.activation_checkpointing else 'off'}, planned for {world} "
              f"rank(s) on {nodes} node(s) of {device_bytes / GB:.1f} GB each: {best.mem.total / GB:.2f} GB a rank"
              + (f"; kept {named}" if named else ""),
-             f"parallel=auto: {reasons(plan)[0]}"]
+             f"parallel=auto: {reason}"]
     return planned, lines
+
+
+def _measured_pick(plan, measure: Optional[Callable], devices_here: int):
+    """(the fastest of the planner's top plan.measure layouts run here, the line that says so)."""
+    from zoo.plan.measure import check_measure, name
+
+    k, steps = plan.plan.measure, plan.plan.measure_steps
+    if measure is None:
+        raise ConfigError(f"plan.measure={k} with parallel=auto runs the planner's top {k} layouts on this machine "
+                          f"before training, so zoo's own launcher must start the ranks (under torchrun, srun or "
+                          f"the deepspeed launcher every rank would run them): start with python -m zoo.train "
+                          f"parallel=auto parallel.world_size=N, or measure with python -m zoo.plan ... "
+                          f"plan.measure={k} and set the layout it prints")
+    try:
+        check_measure(plan, devices_here)
+        runs = measure(plan, k, steps)
+    except ValueError as err:
+        raise ConfigError(f"parallel=auto: {err}") from None
+    fastest, first = min(runs, key=lambda r: r.step_s), runs[0]
+    said = (f"the fastest of the planner's top {len(runs)} measured here ({steps} steps each): "
+            f"{fastest.step_s:.3f} s a step")
+    if fastest is not first:
+        return fastest.candidate, said + f" against {first.step_s:.3f} s for the planner's pick ({name(first.candidate)})"
+    return fastest.candidate, said + ", the planner's own pick" + (
+        f" (the next {min(r.step_s for r in runs[1:]):.3f} s)" if len(runs) > 1 else "")
 
 
 def replanned_line(before: dict, planned: Config, world: int, per_node: int) -> str:

@@ -96,7 +96,7 @@ def measure(plan: Plan, k: int, steps: int) -> List[Measured]:
     return out
 
 
-def _name(c: Candidate) -> str:
+def name(c: Candidate) -> str:
     lay = c.layout
     return (f"tp={lay.tp} pp={lay.pp} dp={lay.dp} z{lay.zero_stage} mb={lay.micro_batch_size} "
             f"acc={lay.grad_accum}{' ac' if lay.activation_checkpointing else ''}")
@@ -109,14 +109,14 @@ def report(plan: Plan, runs: List[Measured], steps: int) -> str:
              f"{'ratio':>6}"]
     for i, r in enumerate(runs):
         c = r.candidate
-        lines.append(f"  {i + 1:>2} {_name(c):<34} {c.time.total:>11.3f} {r.step_s:>8.3f} "
+        lines.append(f"  {i + 1:>2} {name(c):<34} {c.time.total:>11.3f} {r.step_s:>8.3f} "
                      f"{r.step_s / c.time.total:>6.2f} {c.mem.total / GB:>8.2f} {r.peak_bytes / GB:>7.2f} "
                      f"{r.peak_bytes / c.mem.total:>6.2f}")
     best = min(runs, key=lambda r: r.step_s)
     pick = runs[0]
     order = sorted(range(len(runs)), key=lambda i: runs[i].step_s)
     lines += [f"  by measurement: {', '.join(f'#{i + 1}' for i in order)}; the planner's pick (#1) measured "
-              f"{pick.step_s / best.step_s - 1:+.0%} against the fastest (#{order[0] + 1}, {_name(best.candidate)})",
+              f"{pick.step_s / best.step_s - 1:+.0%} against the fastest (#{order[0] + 1}, {name(best.candidate)})",
               f"  train with: python -m zoo.train {' '.join(planned_overrides(plan, best.candidate))}"]
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from zoo.config.schema import ModelConfig, PrecisionConfig, TrainerConfig
+from zoo.config.schema import MeasureConfig, ModelConfig, PrecisionConfig, TrainerConfig
 
 FORMATS = ("text", "json")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -50,7 +50,9 @@ class ClusterConfig:
 
 
 @dataclass
-class PlanConfig:
+class PlanConfig(MeasureConfig):
+    """What to search and how to print it; plan.measure and plan.measure_steps as training has them."""
+
     format: str = "text"
     """`text` (the recommendation, its reasons, the best candidates and the topology
     diagram) or `json` (only a JSON object with every candidate and the recommended one)."""
@@ -83,13 +85,6 @@ class PlanConfig:
     parallelism while the model fits)."""
     top: int = 8
     """Candidates listed in the text output."""
-    measure: Optional[int] = None
-    """Run the top this many layouts that fit for plan.measure_steps steps each on this machine
-    (python -m zoo.train), print predicted against measured step time and peak memory, and rank
-    them by measurement (zoo.plan.measure). The cluster must be this machine (e.g. cluster=cpu).
-    None: estimate only."""
-    measure_steps: int = 6
-    """Steps of each measured run; the first (its warm-up) is not timed."""
     verbose: bool = False
     """The text output's full topology diagram (every rank and group); default: a summary."""
     diagram_ranks: int = 64

@@ -14,7 +14,7 @@ from zoo.run.errors import ConfigError
 
 SECTIONS = {"model": schema.ModelConfig, "parallel": schema.ParallelConfig, "data": schema.DataConfig,
             "optim": schema.OptimConfig, "precision": schema.PrecisionConfig, "trainer": schema.TrainerConfig,
-            "checkpoint": schema.CheckpointConfig, "logger": schema.LoggerConfig}
+            "checkpoint": schema.CheckpointConfig, "logger": schema.LoggerConfig, "plan": schema.MeasureConfig}
 
 
 def test_the_sections_walked_are_every_section_of_the_schema():
@@ -107,6 +107,9 @@ OUTSIDE = {
     "trainer.max_nonfinite_steps": ("0", "must be positive"),
     "checkpoint.every": ("-5", "must be >= 0"),
     "checkpoint.keep": ("0", "must be positive"),
+    "plan.measure": ("0", "must be positive (the planner's top layouts parallel=auto runs here before training, or "
+                          "null)"),
+    "plan.measure_steps": ("1", "must be >= 2 (each measured run's steps; the first, its warm-up, is not timed)"),
 }
 
 

@@ -70,3 +70,52 @@ def test_a_resume_says_what_the_new_plan_changed():
         f"re-planned tp2-pp2-dp1_zero1 -> {now}: the job now has 2 rank(s) on 1 node(s) (the run had 4)")
     same = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "zero_stage": p.zero_stage}
     assert "the same layout" in replanned_line(same, cfg, 2, 2)
+
+
+def _measured(step_s_by_rank):
+    """A stand-in for zoo.plan.measure.measure: the candidates' measured seconds, by the planner's order."""
+    from zoo.plan.measure import Measured
+
+    calls = []
+
+    def measure(plan, k, steps):
+        calls.append((k, steps))
+        fitting = [c for c in plan.candidates if c.fits][:k]
+        return [Measured(c, step_s=s, peak_bytes=c.mem.total) for c, s in zip(fitting, step_s_by_rank)]
+
+    return measure, calls
+
+
+def test_plan_measure_trains_with_the_fastest_measured_layout():
+    measure, calls = _measured([2.0, 1.5, 1.8])
+    cfg, lines = plan_layout(composed("parallel=auto", "trainer.global_batch_size=16", "plan.measure=3",
+                                      "plan.measure_steps=4"),
+                             world=4, per_node=4, device_bytes=8 * GB, host_bytes=64 * GB, cuda=False, given={},
+                             vocab_size=4096, measure=measure)
+    assert calls == [(3, 4)]
+    planner_first, _ = _plan("trainer.global_batch_size=16")
+    assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero_stage, cfg.trainer.micro_batch_size) != (
+        planner_first.parallel.tp, planner_first.parallel.pp, planner_first.parallel.zero_stage,
+        planner_first.trainer.micro_batch_size)  # the second-ranked layout, measured fastest, is the one trained
+    assert len(lines) == 2 and "the fastest of the planner's top 3 measured here (4 steps each): 1.500 s a step " \
+                              "against 2.000 s for the planner's pick (tp=" in lines[1]
+    assert cfg.trainer.global_batch_size == 16 and cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp == 4
+    measure, _ = _measured([1.0, 1.5])
+    _, lines = plan_layout(composed("parallel=auto", "trainer.global_batch_size=16", "plan.measure=2"), world=4,
+                           per_node=4, device_bytes=8 * GB, host_bytes=64 * GB, cuda=False, given={},
+                           vocab_size=4096, measure=measure)
+    assert lines[1].endswith("1.000 s a step, the planner's own pick (the next 1.500 s)")
+
+
+def test_plan_measure_where_the_layouts_cannot_run_here_is_one_line():
+    cfg = composed("parallel=auto", "trainer.global_batch_size=16", "plan.measure=2")
+    with pytest.raises(ConfigError, match=r"plan.measure=2 with parallel=auto runs the planner's top 2 layouts on this "
+                                          r"machine before training, so zoo's own launcher must start the ranks"):
+        plan_layout(cfg, world=4, per_node=4, device_bytes=8 * GB, host_bytes=64 * GB, cuda=False, given={},
+                    vocab_size=4096, measure=None)
+    measure, calls = _measured([1.0] * 999)
+    with pytest.raises(ConfigError, match=r"^parallel=auto: plan.measure=999 but \d+ layout\(s\) fit: measure at most"):
+        plan_layout(composed("parallel=auto", "trainer.global_batch_size=16", "plan.measure=999"), world=4,
+                    per_node=4, device_bytes=8 * GB, host_bytes=64 * GB, cuda=False, given={}, vocab_size=4096,
+                    measure=measure)
+    assert calls == []  # refused before anything runs
