@@ -17,7 +17,7 @@ ZOO_EXIT_REQUEUE=75   # the trainer's exit code for "checkpoint written, run me 
 srun_ranks() {
     local python=${ZOO_PYTHON:-python}
     local -a overrides=("$@")
-    local arg has_run_dir=0 has_resume=0 srun_pid="" rc
+    local arg has_run_dir=0 has_resume=0 has_layout=0 srun_pid="" rc
     # At once: an untrapped USR1 would end this shell, and with it the job. A signal that comes
     # before srun has started its tasks is lost (srun cannot relay it yet).
     trap 'echo "zoo: warning signal: asking the ranks to checkpoint"
@@ -26,14 +26,26 @@ srun_ranks() {
         case $arg in
             hydra.run.dir=* | +hydra.run.dir=* | ++hydra.run.dir=*) has_run_dir=1 ;;
             resume=* | +resume=* | ++resume=*) has_resume=1 ;;
+            parallel=* | +parallel=* | ++parallel=* | parallel.dp=* | experiment=* | +experiment=*) has_layout=1 ;;
         esac
     done
+    # No layout chosen (no parallel=..., no experiment pinning one): planned for the allocation
+    # (parallel=auto), again at every start, so a job requeued onto other or fewer nodes
+    # continues its checkpoint on a layout made for them. Layout keys given (parallel.tp=2) are kept.
+    ((has_layout)) || overrides+=("parallel=auto")
     # Keyed by the job id, which a requeued job keeps: it finds its own checkpoints.
     ((has_run_dir)) || overrides+=("hydra.run.dir=outputs/slurm-${SLURM_JOB_ID}")
     if ((${SLURM_RESTART_COUNT:-0} > 0 && !has_resume)); then
         overrides+=("resume=auto")
     fi
 
+    # The ranks: one per task of each node the job has now. SLURM_NTASKS is kept from the
+    # submission in the job's environment, also when a requeued job was moved onto other
+    # nodes (scontrol update NumNodes=...); the nodes and the tasks per node are the allocation's.
+    local ntasks=$SLURM_NTASKS
+    if [[ ${SLURM_NTASKS_PER_NODE:-} =~ ^[0-9]+$ && ${SLURM_JOB_NUM_NODES:-} =~ ^[0-9]+$ ]]; then
+        ntasks=$((SLURM_JOB_NUM_NODES * SLURM_NTASKS_PER_NODE))
+    fi
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
     export PYTHONUNBUFFERED=1
     # zoo.run.launch takes the master from the allocation's first host and the port from the job
@@ -42,7 +54,7 @@ srun_ranks() {
     hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
     export MASTER_ADDR=${hosts%%$'\n'*}
 
-    echo "zoo: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: ${SLURM_NTASKS} ranks," \
+    echo "zoo: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: ${ntasks} ranks," \
          "${OMP_NUM_THREADS} threads each, master ${MASTER_ADDR}; overrides: ${overrides[*]}"
 
     # Since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch: pass it on.
@@ -52,7 +64,7 @@ srun_ranks() {
     # together (a barrier after rank 0's last writes), and a requeue's exit 75 comes from all of
     # them at once, so neither is cut short. (--kill-on-bad-exit would end the others at the
     # first exit 75 too, and srun would then not return 75: no requeue.)
-    srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$OMP_NUM_THREADS" --wait="${ZOO_SRUN_WAIT:-60}" \
+    srun --ntasks="$ntasks" --cpus-per-task="$OMP_NUM_THREADS" --wait="${ZOO_SRUN_WAIT:-60}" \
         "$python" -m zoo.train "${overrides[@]}" &
     srun_pid=$!
     # bash runs a trap only between commands, so srun runs in the background and we wait.

@@ -33,12 +33,18 @@ _task_started = TaskStarted()
 REPORTED_EXITS = (2, 3, 75, 130, 143)
 
 
+def _rank0() -> bool:
+    """This process is rank 0, or the only one: RANK, else srun's SLURM_PROCID (read before
+    zoo.run.launch.detect sets RANK from it), so that every rank's line is said once."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+
+
 def _fail(message: str, run_dir: str | None) -> None:
     """One line, exit code 2; an empty run directory we created is removed again. Under an
     external launcher every rank validates and fails alike: rank 0 says it, once."""
     if run_dir and os.path.isdir(run_dir) and not os.listdir(run_dir):
         os.rmdir(run_dir)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _rank0():
         print(f"zoo: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
 
@@ -95,7 +101,7 @@ def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     except yaml.YAMLError as err:
         _fail(f"{saved} does not parse ({str(err).splitlines()[0]}), and a resume continues the config it holds: "
               f"restore it (each run writes it at its start), or start in another hydra.run.dir", None)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _rank0():
         given = " ".join(o for o in overrides if not o.startswith("resume="))
         print(f"zoo: resume: the run's own config ({saved})" + (f", with {given} on top" if given else ""), flush=True)
     return OmegaConf.create(merged)
@@ -135,7 +141,7 @@ def _auto_layout(cfg: Config, env, run_dir: str, overrides, measured: bool = Tru
         before = (yaml.safe_load(saved.read_text()) or {}).get("parallel")
         if before:  # the layout that wrote the run
             lines = [replanned_line(before, planned, world, per_node), *lines]
-    if measured and int(os.environ.get("RANK", "0")) == 0:
+    if measured and _rank0():
         for line in lines:
             print(f"zoo: {line}", flush=True)
     return planned
@@ -202,7 +208,7 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
         if cfg.verbose:
             raise
         _fail(str(err), run_dir)
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+    rank0 = _rank0()
     if rank0:
         from zoo.plan.dry_run import planned_vocab
         from zoo.plan.fit import device_memory_bytes, fit_warning
@@ -257,7 +263,7 @@ def _dry_run(cfg: Config, layout, env, run_dir: str) -> None:
     from zoo.plan.dry_run import dry_run_lines
     from zoo.plan.fit import device_memory_bytes
 
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _rank0():
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
         device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
                   else f"CPU share (this host's RAM over its {ranks_here} rank(s))")

@@ -58,7 +58,7 @@ def _groups(run_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def ddp_2x2(nodes, tmp_path_factory):
-    job = submit(nodes, tmp_path_factory.mktemp("ddp"), TINY_GPT, per_node=2)
+    job = submit(nodes, tmp_path_factory.mktemp("ddp"), ["parallel=ddp", *TINY_GPT], per_node=2)
     info = _completed(nodes, job)
     return job, info
 
@@ -82,7 +82,7 @@ def test_a_killed_rank_on_the_second_node_ends_the_job(nodes, tmp_path):
 
 def test_a_warned_job_requeues_and_resumes_on_both_nodes(nodes, ddp_2x2, tmp_path):
     reference, _ = ddp_2x2
-    job = submit(nodes, tmp_path, TINY_GPT, per_node=2)
+    job = submit(nodes, tmp_path, ["parallel=ddp", *TINY_GPT], per_node=2)
     metrics = job.run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "step 3", job)
     nodes.warn(job)
@@ -114,3 +114,33 @@ def test_a_stopped_rank_on_the_second_node_ends_the_job_and_leaves_no_process(no
     signal_a_rank_and_wait(nodes, job, SECOND_NODE, signal.SIGSTOP, within_s=timeout_s + 60,
                            wait_s=timeout_s + wait_s + 90)
     assert "Traceback" not in job.log, job.log[-3000:]
+
+
+def test_a_planned_job_requeued_onto_one_node_plans_again_and_continues(nodes, run_zoo, tmp_path):
+    """#37 item 2: the sbatch scripts plan the layout (parallel=auto, no layout given) for 2 nodes
+    x 2 ranks; warned, the job checkpoints and requeues; held while pending, it is moved onto
+    1 node x 2 ranks (scontrol update), plans again for 2 ranks, says so, and continues the
+    layout-free checkpoint with the same global batch and an uninterrupted planned run's losses."""
+    job = submit(nodes, tmp_path, TINY_GPT, per_node=2)
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "step 3", job)
+    nodes.warn(job)
+    _wait_for(lambda: nodes.show(job)["JobState"] == "PENDING" and nodes.show(job)["Restarts"] == "1",
+              "the requeue", job, timeout_s=120)
+    nodes._run("scontrol", "hold", job.id)
+    nodes._run("scontrol", "update", f"JobId={job.id}", "NumNodes=1", "NumTasks=2")
+    nodes._run("scontrol", "release", job.id)
+    info = _completed(nodes, job)
+    assert info["Restarts"] == "1" and info["NumNodes"] == "1" and info["NumTasks"] == "2", info
+    assert "parallel=auto" in job.log and f"zoo: job {job.id} (restart 1)" in job.log, job.log[-3000:]
+    replanned = re.search(r"^zoo: re-planned (\S+) -> (\S+): the job now has 2 rank\(s\) on 1 node\(s\) "
+                          r"\(the run had 4\)$", job.log, re.M)
+    assert replanned, job.log[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert (summary["world_size"], summary["global_batch_size"], summary["steps"]) == (2, 16, 12), summary
+    losses = _losses(job.run_dir)
+    assert [step for step, _ in losses] == list(range(1, 13))
+    reference = run_zoo("parallel=auto", "parallel.world_size=4", *TINY_GPT)
+    want = dict((m["step"], m["loss"]) for m in reference.metrics if "loss" in m)
+    torch.testing.assert_close(torch.tensor([loss for _, loss in losses]), torch.tensor([want[s] for s in range(1, 13)]),
+                               rtol=1e-5, atol=0)

@@ -216,7 +216,7 @@ def test_warned_job_requeues_itself_and_resumes_in_its_run_dir(slurm, tmp_path, 
     first = json.loads((job.run_dir / "rank0-restart0.json").read_text())
     again = json.loads((job.run_dir / "rank3-restart1.json").read_text())
     run_dir = f"hydra.run.dir=outputs/slurm-{job.id}"
-    assert first["args"] == ["parallel.backend=gloo", "model=gpt", "trainer.max_steps=7", run_dir]
+    assert first["args"] == ["parallel.backend=gloo", "model=gpt", "trainer.max_steps=7", "parallel=auto", run_dir]
     assert again["args"] == first["args"] + ["resume=auto"]
     assert first["threads"] == "1" and first["master_addr"] == info["BatchHost"]
     assert f"zoo: requeueing job {job.id} (srun exit {EXIT_REQUEUE})" in job.log
@@ -227,7 +227,7 @@ def test_failed_job_is_not_requeued_and_a_given_run_dir_is_kept(slurm, tmp_path,
     info = slurm.wait(job, timeout_s=60)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "3:0", "0"), job.log
     record = json.loads((tmp_path / "mine" / "rank0-restart0.json").read_text())
-    assert record["args"] == ["parallel.backend=gloo", "hydra.run.dir=mine", "resume=auto"]
+    assert record["args"] == ["parallel.backend=gloo", "hydra.run.dir=mine", "resume=auto", "parallel=auto"]
     assert "requeueing" not in job.log
 
 
