@@ -118,7 +118,7 @@ def _auto_layout(cfg: Config, env, run_dir: str, overrides, measured: bool = Tru
     from zoo.plan.fit import device_memory_bytes
     from zoo.run import launch
 
-    world, per_node = world_of(cfg, env.world_size, launch.ranks_per_node(), torch.cuda.device_count(),
+    world, per_node = world_of(cfg.parallel, env.world_size, launch.ranks_per_node(), torch.cuda.device_count(),
                                len(os.sched_getaffinity(0)))
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     measure = None

@@ -68,14 +68,14 @@ class Trainer:
         with held_stdout(cfg.verbose):  # DeepSpeed's pipeline module prints its seeds and stages
             self.engine = initialize_engine(task.build_model(grid), cfg, layout, grid)
         self.pipelined = layout.pp > 1
-        self.micro_batch_size, self.grad_accum = micro_batching(cfg, layout)
+        self.micro_batch_size, self.grad_accum = micro_batching(cfg.trainer, cfg.parallel, layout)
         self.dp_rank = grid.get_data_parallel_rank()
         self.dp_group = grid.get_data_parallel_group()
         self.step = 0
         self.consumed = 0  # samples, globally: the layout-free data position
         self.meta = {"family": cfg.model.family, "shape": task.model_meta(), "optimizer": cfg.optim.name,
                      "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage},
-                     "native": native_checkpoint.layout_key(layout, cfg)}
+                     "native": native_checkpoint.layout_key(layout, cfg.parallel, cfg.precision.dtype)}
         self.ckpt_root = run_dir / "checkpoints"
         # Periodic evaluation: the best eval loss so far, its step, evaluations since (kept in checkpoints).
         self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
@@ -123,7 +123,7 @@ class Trainer:
             return None
         state = checkpoint.read_state(path)
         checkpoint.check_compatible(state, self.meta, path)
-        native_key = self.meta["native"] if native_checkpoint.enabled(self.cfg, self.layout) else None
+        native_key = self.meta["native"] if native_checkpoint.enabled(self.cfg.checkpoint, self.layout) else None
         t0 = time.perf_counter()
         how = checkpoint.load(self.engine, self.grid, path, state, native_key=native_key)
         took = time.perf_counter() - t0
@@ -146,7 +146,7 @@ class Trainer:
         self.finish_pending()
         saved = checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
                                 meta={**self.meta, "eval": dict(self.eval_state)}, keep=self.cfg.checkpoint.keep,
-                                native=native_checkpoint.enabled(self.cfg, self.layout), name=name,
+                                native=native_checkpoint.enabled(self.cfg.checkpoint, self.layout), name=name,
                                 background=background, staging=self.staging)
         if not background:
             return saved
@@ -263,7 +263,7 @@ class Trainer:
 
             summary = summarize(rows, first=window.first, last=window.last,
                                 partition_method=self.cfg.parallel.partition_method)
-            out = profile_dir(self.cfg, self.run_dir)
+            out = profile_dir(self.cfg.trainer.profile, self.run_dir)
             (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
             for line in table_lines(summary, where=str(out)):
                 self.log.write(line)

@@ -33,20 +33,22 @@ def _device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(cfg: Config) -> None:
+def init_distributed(parallel, dtype: str, raw_deepspeed) -> None:
+    """The default process group over parallel.backend with parallel.timeout_s (`parallel`: that
+    section; `dtype`: precision.dtype; `raw_deepspeed`: the config's raw deepspeed keys)."""
     import deepspeed
 
     from zoo.engine import lean_start
 
     lean_start.skip_shm_comm_op()
-    lean_start.skip_muon_import(cfg.deepspeed)
-    if cfg.precision.dtype == "fp16":  # on a CPU: DeepSpeed's fp16 paths, where torch computes fp16 here
+    lean_start.skip_muon_import(raw_deepspeed)
+    if dtype == "fp16":  # on a CPU: DeepSpeed's fp16 paths, where torch computes fp16 here
         from zoo.engine import half
 
         half.enable_on_cpu()
 
-    backend = cfg.parallel.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    timeout = timedelta(seconds=cfg.parallel.timeout_s)
+    backend = parallel.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    timeout = timedelta(seconds=parallel.timeout_s)
     # DeepSpeed's grid creates its groups with dist.new_group() and no timeout, which falls
     # back to torch's module-level default (30 min): make that default ours, so a hung rank
     # ends the job after parallel.timeout_s in every group.
@@ -127,7 +129,7 @@ def main(cfg: Config, run_dir: str, threads: Optional[int] = None) -> None:
     quiet_third_party(cfg.verbose, int(os.environ.get("RANK", 0)))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = _device(local_rank)
-    init_distributed(cfg)
+    init_distributed(cfg.parallel, cfg.precision.dtype, cfg.deepspeed)
     clock.mark("process_group")
     try:
         _run(cfg, run_dir, device, clock)
@@ -261,7 +263,7 @@ def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, tr
         try:
             check_space(run_path, expected_bytes(task.num_params(), save_final=cfg.checkpoint.save_final,
                                                  checkpoints_kept=cfg.checkpoint.keep if cfg.checkpoint.every else 0,
-                                                 native=native_checkpoint.enabled(cfg, layout)))
+                                                 native=native_checkpoint.enabled(cfg.checkpoint, layout)))
         except RunDirError as err:
             problem = [str(err)]
     dist.broadcast_object_list(problem, src=0)  # every rank stops, none waits in a collective

@@ -24,7 +24,7 @@ os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1"
 register_configs()
 with initialize_config_dir(config_dir=conf, version_base=None):
     cfg = OmegaConf.to_object(compose("config", overrides=["debug=fast", "trainer.global_batch_size=16"]))
-init_distributed(cfg)
+init_distributed(cfg.parallel, cfg.precision.dtype, cfg.deepspeed)
 layout, _ = resolve_layout(cfg, 1)
 grid = build_grid(layout)
 task = family("gpt").new_task(cfg, torch.device("cpu"), layout)

@@ -11,7 +11,7 @@ from typing import Any, Dict
 
 import torch
 
-from zoo.config.schema import Config, OptimConfig
+from zoo.config.schema import Config, OptimConfig, ParallelConfig, TrainerConfig
 from zoo.parallel.topology import Layout
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision.dtype -> torch
@@ -23,14 +23,14 @@ def micro_batch_count(parallel, layout: Layout):
     return parallel.num_microbatches or (3 * layout.pp if layout.pp > 1 else None)
 
 
-def micro_batching(cfg: Config, layout: Layout) -> tuple[int, int]:
+def micro_batching(t: TrainerConfig, parallel: ParallelConfig, layout: Layout) -> tuple[int, int]:
     """(micro-batch size, micro-batches per rank per step). The global batch is what the
     user fixes; changing the layout changes the accumulation, never the maths.
 
     Without pipeline parallelism the micro-batch is `trainer.micro_batch_size`. With pp > 1
     the pipeline needs several micro-batches in flight: `parallel.num_microbatches`, by
     default 3 x pp, and the micro-batch is global / (dp x that)."""
-    t, count = cfg.trainer, micro_batch_count(cfg.parallel, layout)
+    count = micro_batch_count(parallel, layout)
     if count is None:
         return t.micro_batch_size, t.global_batch_size // (t.micro_batch_size * layout.dp)
     return t.global_batch_size // (count * layout.dp), count
@@ -45,7 +45,7 @@ def _deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
 
 def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
     o, t, prec = cfg.optim, cfg.trainer, cfg.precision
-    micro, accum = micro_batching(cfg, layout)
+    micro, accum = micro_batching(cfg.trainer, cfg.parallel, layout)
     ds: Dict[str, Any] = {
         "train_batch_size": t.global_batch_size,
         "train_micro_batch_size_per_gpu": micro,

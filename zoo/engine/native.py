@@ -27,23 +27,23 @@ TAG = "native"
 PIPELINE_FORMAT = 2  # the pipeline's layer list: each model's pipeline_layers() (zoo.models.stages)
 
 
-def enabled(cfg, layout) -> bool:
+def enabled(checkpoint, layout) -> bool:
     """checkpoint.native, where set; by default only under ZeRO-3. There each rank's native
     files hold 1/dp of the weights and optimizer states and resuming read them about 2x faster
     than the layout-free files on the 2-core machine; under ZeRO-1 and tp alone it was slower
     (DeepSpeed's model-state file holds every weight of the stage, so a rank reads not much
     less, and torch.load was slower than memory-mapped safetensors), for twice the disk."""
-    native = cfg.checkpoint.native
+    native = checkpoint.native  # the config's checkpoint section
     return layout.zero_stage == 3 if native is None else native
 
 
-def layout_key(layout, cfg) -> dict:
+def layout_key(layout, parallel, dtype: str) -> dict:
     """What must match for one rank's native shard to be this rank's shard. Under pp the
     files are per pipeline layer, so the layer list's format is part of it (checkpoints of
     an older list are read from the layout-free files)."""
     key = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage,
-           "precision": cfg.precision.dtype, "sequence_parallel": cfg.parallel.sequence_parallel,
-           "partition_method": cfg.parallel.partition_method if layout.pp > 1 else None}
+           "precision": dtype, "sequence_parallel": parallel.sequence_parallel,
+           "partition_method": parallel.partition_method if layout.pp > 1 else None}
     if layout.pp > 1:
         key["pipeline_format"] = PIPELINE_FORMAT
     return key

@@ -84,7 +84,7 @@ def check_raw_keys(cfg, layout) -> List[str]:
     from zoo.engine import deepspeed_config, micro_batching
 
     merged = deepspeed_config(cfg, layout)
-    micro, accum = micro_batching(cfg, layout)
+    micro, accum = micro_batching(cfg.trainer, cfg.parallel, layout)
     merged["train_batch_size"] = micro * accum  # checked as one rank: DeepSpeed reads the world from torch.distributed
     seen = _Seen(merged)
     try:

@@ -31,8 +31,9 @@ STAGE_IMBALANCE = 1.25  # a stage computing this much more than another is named
 PROFILER_NOISE = ("SyncActivityProfilerHandler", "allocated before the profiling started")
 
 
-def profile_dir(cfg, run_dir: Path) -> Path:
-    return Path(cfg.trainer.profile.dir).expanduser() if cfg.trainer.profile.dir else run_dir / "profile"
+def profile_dir(profile, run_dir: Path) -> Path:
+    """Where the traces go: trainer.profile.dir (`profile`: that section), else the run's profile/."""
+    return Path(profile.dir).expanduser() if profile.dir else run_dir / "profile"
 
 
 def _marked(fn, name: str):
@@ -51,7 +52,7 @@ class ProfileWindow:
         p = cfg.trainer.profile
         self.first, self.last, self.with_stack = p.start, p.start + p.steps - 1, p.with_stack
         self.memory = p.memory and device.type == "cuda"
-        self.dir, self.rank, self.coords, self.device = profile_dir(cfg, run_dir), rank, coords, device
+        self.dir, self.rank, self.coords, self.device = profile_dir(cfg.trainer.profile, run_dir), rank, coords, device
         self.comm, self.engine, self.pipelined = comm, engine, pipelined
         self.partition_method, self.verbose = cfg.parallel.partition_method, cfg.verbose
         self.prof, self._quiet = None, contextlib.ExitStack()

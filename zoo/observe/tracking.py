@@ -75,14 +75,14 @@ def wandb_mode(configured: Optional[str], env: Mapping[str, str] = os.environ) -
     return "online" if credentials_configured(env) else "offline"
 
 
-def default_name(cfg: Config, layout: Layout) -> str:
-    """model-size_layout, e.g. gpt-tiny_tp2-pp2-dp2_zero1."""
-    return f"{cfg.model.label}_{layout.name}"
+def default_name(model, layout: Layout) -> str:
+    """model-size_layout, e.g. gpt-tiny_tp2-pp2-dp2_zero1 (`model`: the config's model section)."""
+    return f"{model.label}_{layout.name}"
 
 
-def default_group(cfg: Config) -> str:
+def default_group(experiment: Optional[str], model) -> str:
     """The experiment, so that the layouts of one experiment sit together; else model-size."""
-    return cfg.experiment or cfg.model.label
+    return experiment or model.label
 
 
 class BackgroundTracker:
@@ -162,8 +162,8 @@ def _start_wandb(cfg: Config, layout: Layout, run_dir: Path, extra_config: Dict[
     run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
 
     def init(mode: str, run_id: str):
-        return wandb.init(project=lg.project, entity=lg.entity, group=lg.group or default_group(cfg),
-                          name=lg.name or default_name(cfg, layout), tags=list(lg.tags) or None, mode=mode,
+        return wandb.init(project=lg.project, entity=lg.entity, group=lg.group or default_group(cfg.experiment, cfg.model),
+                          name=lg.name or default_name(cfg.model, layout), tags=list(lg.tags) or None, mode=mode,
                           dir=str(run_dir), id=run_id, resume="allow",
                           config={**(recorded or dataclasses.asdict(cfg)), **extra_config},
                           settings=wandb.Settings(console="off", quiet=True))

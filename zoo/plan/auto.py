@@ -39,7 +39,7 @@ def given_keys(overrides: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def world_of(cfg: Config, launcher_world: Optional[int], launcher_per_node: Optional[int],
+def world_of(parallel, launcher_world: Optional[int], launcher_per_node: Optional[int],
              cuda_devices: int, cpu_cores: int) -> Tuple[int, int]:
     """(ranks, ranks per node): the launcher's (torchrun, srun, the deepspeed launcher), or on
     zoo's own launcher parallel.world_size, else one rank per GPU, else one per CPU core. Nodes
@@ -47,7 +47,7 @@ def world_of(cfg: Config, launcher_world: Optional[int], launcher_per_node: Opti
     if launcher_world is not None:
         per_node = min(launcher_per_node or launcher_world, launcher_world)
         return launcher_world, per_node if launcher_world % per_node == 0 else launcher_world
-    world = cfg.parallel.world_size or cuda_devices or max(1, cpu_cores)
+    world = parallel.world_size or cuda_devices or max(1, cpu_cores)
     return world, world
 
 

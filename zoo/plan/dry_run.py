@@ -66,7 +66,7 @@ def dry_run_lines(cfg: Config, layout, spec, device_mem_bytes: float, device: st
     else:
         from zoo.engine import micro_batching
 
-        micro, accum = micro_batching(cfg, layout)
+        micro, accum = micro_batching(cfg.trainer, cfg.parallel, layout)
         batch = (f"{accum} micro-batches of {micro} through {layout.pp} stages x dp {layout.dp}" if layout.pp > 1
                  else f"micro {micro} x accum {accum} x dp {layout.dp}")
     lines.append(f"layout {layout.name}: world {layout.world_size} = tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, "

@@ -51,7 +51,7 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
     if cfg.trainer.micro_batch_size == "auto":  # the finder picks it: warn when even 1 does not fit
         micro, accum = 1, 1
     else:
-        micro, accum = micro_batching(cfg, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
+        micro, accum = micro_batching(cfg.trainer, cfg.parallel, layout)  # as the engine will run it (pp > 1: 3 x pp micro-batches)
     model = cfg.model
     if model.init_from:  # the imported model's dimensions (validation has read its config.json)
         from zoo.checkpoint.hf_weights import hf_meta

@@ -66,7 +66,7 @@ def test_native_files_by_default_only_under_zero3(zero_stage, setting, on):
 
     cfg = Config()
     cfg.checkpoint.native = setting
-    assert enabled(cfg, Layout(tp=1, pp=1, dp=2, zero_stage=zero_stage)) is on
+    assert enabled(cfg.checkpoint, Layout(tp=1, pp=1, dp=2, zero_stage=zero_stage)) is on
 
 
 def test_a_shape_field_added_later_matches_its_default_and_nothing_else(tmp_path):

@@ -43,10 +43,10 @@ def test_online_exactly_when_credentials_exist(tmp_path):
 def test_default_name_and_group():
     cfg = Config()
     cfg.model.family, cfg.model.size = "gpt", "tiny"
-    assert default_name(cfg, Layout(tp=2, pp=2, dp=2, zero_stage=1)) == "gpt-tiny_tp2-pp2-dp2_zero1"
-    assert default_group(cfg) == "gpt-tiny"
+    assert default_name(cfg.model, Layout(tp=2, pp=2, dp=2, zero_stage=1)) == "gpt-tiny_tp2-pp2-dp2_zero1"
+    assert default_group(cfg.experiment, cfg.model) == "gpt-tiny"
     cfg.experiment = "gpt_tiny_zero2"
-    assert default_group(cfg) == "gpt_tiny_zero2"
+    assert default_group(cfg.experiment, cfg.model) == "gpt_tiny_zero2"
 
 
 def outside_traffic(strace_log: str) -> list:

@@ -53,11 +53,11 @@ def test_contradictions_and_a_world_where_nothing_fits_are_one_line():
 
 def test_the_world_is_the_launchers_else_the_key_else_the_devices():
     cfg = composed("parallel=auto")
-    assert world_of(cfg, 8, 4, 0, 2) == (8, 4)  # torchrun / srun
-    assert world_of(cfg, 6, 4, 0, 2) == (6, 6)  # nodes the world does not divide into: planned as one
-    assert world_of(composed("parallel=auto", "parallel.world_size=3"), None, None, 0, 2) == (3, 3)
-    assert world_of(cfg, None, None, 2, 16) == (2, 2)  # one per GPU
-    assert world_of(cfg, None, None, 0, 16) == (16, 16)  # one per CPU core
+    assert world_of(cfg.parallel, 8, 4, 0, 2) == (8, 4)  # torchrun / srun
+    assert world_of(cfg.parallel, 6, 4, 0, 2) == (6, 6)  # nodes the world does not divide into: planned as one
+    assert world_of(composed("parallel=auto", "parallel.world_size=3").parallel, None, None, 0, 2) == (3, 3)
+    assert world_of(cfg.parallel, None, None, 2, 16) == (2, 2)  # one per GPU
+    assert world_of(cfg.parallel, None, None, 0, 16) == (16, 16)  # one per CPU core
 
 
 def test_a_resume_says_what_the_new_plan_changed():

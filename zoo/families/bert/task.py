@@ -143,7 +143,7 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
 
     # -- the end of a run ---------------------------------------------------------------------
     def _micro_and_dp(self) -> tuple[int, int]:
-        return micro_batching(self.cfg, self.layout)[0], self.layout.dp
+        return micro_batching(self.cfg.trainer, self.cfg.parallel, self.layout)[0], self.layout.dp
 
     def padding_efficiency(self) -> float:
         """Real tokens / padded slots over every training micro-batch of the run."""
