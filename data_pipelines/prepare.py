@@ -1,25 +1,35 @@
-"""Pre-tokenize a corpus larger than memory into a memory-mapped token file.
+"""Pre-tokenize a corpus larger than memory into memory-mapped token shards, in parallel.
 
     python -m data_pipelines.prepare --name files --path 'corpus/*.jsonl' --tokenizer TOKENIZER_DIR \
-        --out DATA_DIR [--text-column text] [--batch-docs 1000]
+        --out DATA_DIR [--workers N] [--shard-tokens N] [--text-column text] [--batch-docs 1000]
 
-Documents are streamed (file by file; jsonl/parquet/csv through `datasets` streaming),
-tokenized in batches by the fast tokenizer, each followed by the end-of-text token (a BERT
-tokenizer's [SEP] where it has none), and
-appended to DATA_DIR/tokens.bin (uint16 when the vocabulary fits, else uint32), with the
-per-token counts for the unigram baseline, DATA_DIR/meta.json and a copy of the tokenizer.
-Nothing is held in memory but one batch. Training reads it without loading it whole:
+Documents are streamed (file by file; jsonl/parquet/csv through `datasets` streaming) and cut
+into batches of --batch-docs in their order; --workers processes (default: one per core)
+tokenize the batches with the fast tokenizer, each document followed by the end-of-text token
+(a BERT tokenizer's [SEP] where it has none), and the main process writes their tokens in the
+batches' order into DATA_DIR/tokens-00000.bin, tokens-00001.bin, ... (uint16 when the
+vocabulary fits, else uint32; a shard ends after the batch that brings it to --shard-tokens),
+so the output is the same bytes for any number of workers. Only a few batches per worker are
+in flight: memory does not grow with the corpus. Each finished shard gets a marker
+(tokens-NNNNN.done: its tokens, bytes, xxh3-64 digest and the batches through it) and its
+token counts; a preparation stopped part-way continues from its intact shards when run again
+with the same arguments (a shard without its marker, or not matching it, is written again).
+At the end DATA_DIR/meta.json indexes the shards, with the per-token counts for the unigram
+baseline and a copy of the tokenizer. Training reads the shards as one corpus, without
+loading them:
 
     python -m zoo.train data=prepared data.path=DATA_DIR
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -77,60 +87,292 @@ class Progress:
                   file=self.stream, flush=True)
 
 
+SHARD_TOKENS = 1 << 28  # 268M tokens: 512 MiB of uint16 a shard
+FORMAT = "zoo-tokens-2"
+
+
+class _Tokenize:
+    """A batch of texts to its token ids, each document followed by `end`, as one array of
+    `dtype`: the tokenizer's backend (tokenizers), the same in a worker and in-process."""
+
+    def __init__(self, backend_json: str, end: int, dtype: str, threads: bool):
+        if not threads:  # N worker processes: no tokenizer thread pool inside each
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        from tokenizers import Tokenizer
+
+        self.tok, self.end, self.dtype = Tokenizer.from_str(backend_json), end, np.dtype(dtype)
+
+    def __call__(self, texts: List[str]) -> np.ndarray:
+        encoded = self.tok.encode_batch(texts, add_special_tokens=False)
+        lengths = np.fromiter((len(e.ids) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
+        out = np.empty(int(lengths.sum()), dtype=self.dtype)
+        at = 0
+        for e, n in zip(encoded, lengths):
+            out[at:at + n - 1] = e.ids
+            out[at + n - 1] = self.end
+            at += n
+        return out
+
+
+_WORKER: Optional[_Tokenize] = None
+
+
+def _worker_init(backend_json: str, end: int, dtype: str) -> None:
+    global _WORKER
+    _WORKER = _Tokenize(backend_json, end, dtype, threads=False)
+
+
+def _worker_run(texts: List[str]) -> np.ndarray:
+    return _WORKER(texts)
+
+
+def _batches(texts: Iterator[str], size: int) -> Iterator[List[str]]:
+    batch: List[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _tokenized(batches: Iterator[List[str]], workers: int, init_args: tuple) -> Iterator[Tuple[List[str], np.ndarray]]:
+    """(batch, its tokens) in the batches' order; with workers > 1 at most 2 x workers batches
+    in flight (Pool.imap would read the whole input ahead)."""
+    if workers == 1:
+        tokenize = _Tokenize(*init_args, threads=True)
+        for batch in batches:
+            yield batch, tokenize(batch)
+        return
+    import multiprocessing as mp
+    from collections import deque
+
+    # fork: a worker needs only the tokenizer (no re-import of a caller's main module, as spawn does)
+    with mp.get_context("fork").Pool(workers, initializer=_worker_init, initargs=init_args) as pool:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append((batch, pool.apply_async(_worker_run, (batch,))))
+            if len(pending) >= 2 * workers:
+                done, result = pending.popleft()
+                yield done, result.get()
+        while pending:
+            done, result = pending.popleft()
+            yield done, result.get()
+
+
+def _shard(out: Path, i: int) -> Path:
+    return out / f"tokens-{i:05d}.bin"
+
+
+def _marker(out: Path, i: int) -> Path:
+    return out / f"tokens-{i:05d}.done"
+
+
+def _counts(out: Path, i: int) -> Path:
+    return out / f"tokens-{i:05d}.counts.npy"
+
+
+def _intact_shards(out: Path) -> List[dict]:
+    """The markers of the shards written in full, in order, up to the first that is missing
+    or does not match its file; that one's and every later shard's files are removed."""
+    from zoo.run.checksums import digest
+
+    kept: List[dict] = []
+    i = 0
+    while True:
+        shard, marker = _shard(out, i), _marker(out, i)
+        if not marker.is_file() or not shard.is_file() or not _counts(out, i).is_file():
+            break
+        record = json.loads(marker.read_text())
+        if shard.stat().st_size != record["bytes"] or digest(shard) != record["xxh3_64"]:
+            break
+        kept.append(record)
+        i += 1
+    for stale in [*out.glob("tokens-*.bin"), *out.glob("tokens-*.done"), *out.glob("tokens-*.counts.npy"),
+                  *out.glob("tokens-*.tmp")]:
+        if int(stale.name[len("tokens-"):len("tokens-") + 5]) >= i:
+            stale.unlink()
+    return kept
+
+
+def _job(out: Path, job: dict) -> None:
+    """Record what this preparation is (prepare.json), or check that --out holds the same one."""
+    path = out / "prepare.json"
+    if path.is_file():
+        before = json.loads(path.read_text())
+        if before != job:
+            differ = ", ".join(f"{k} {before.get(k)!r} -> {job.get(k)!r}" for k in sorted(set(job) | set(before))
+                               if before.get(k) != job.get(k))
+            raise DataError(f"--out {out} holds a preparation made otherwise ({differ}): prepare into another --out, "
+                            f"or remove {out} to start it again")
+        return
+    if any(out.glob("tokens*.bin")):
+        raise DataError(f"--out {out} already holds token files of another preparation (no prepare.json): prepare "
+                        f"into another --out, or remove them")
+    path.write_text(json.dumps(job, indent=1))
+
+
 def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_column: str = "text",
-            batch_docs: int = 1000, progress: Progress | None = None) -> dict:
+            batch_docs: int = 1000, workers: Optional[int] = None, shard_tokens: int = SHARD_TOKENS,
+            progress: Progress | None = None) -> dict:
+    """Prepare `out` (see the module's docstring); returns its meta.json as a dict."""
+    import xxhash
     from transformers import AutoTokenizer
 
+    workers = workers or max(1, len(os.sched_getaffinity(0)))
+    if workers < 1 or batch_docs < 1 or shard_tokens < 1:
+        raise DataError(f"--workers {workers}, --batch-docs {batch_docs} and --shard-tokens {shard_tokens} must be "
+                        f"positive")
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
     end = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
     if end is None:
         raise DataError(f"tokenizer {tokenizer_dir} has no end-of-text token (eos) and no [SEP] to end documents with")
-    dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32
+    if not getattr(tok, "is_fast", False):
+        raise DataError(f"tokenizer {tokenizer_dir} has no fast (tokenizers) version: save one with tokenizer.json")
+    backend = tok.backend_tokenizer.to_str()
+    dtype = np.dtype(np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32)
     out.mkdir(parents=True, exist_ok=True)
+    _job(out, {"format": FORMAT, "source": f"{name}:{path}", "text_column": text_column, "batch_docs": batch_docs,
+               "shard_tokens": shard_tokens, "tokenizer_xxh3_64": xxhash.xxh3_64_hexdigest(backend.encode()),
+               "dtype": dtype.name})
+    shards = _intact_shards(out)
+    skip = shards[-1]["batches"] if shards else 0  # batches already in intact shards: read past, not tokenized
     counts: dict = {}
-    unigram = np.zeros(len(tok), dtype=np.int64)
-    n_tokens = n_docs = 0
-    tmp = out / "tokens.bin.tmp"
-    with open(tmp, "wb") as fh:
-        batch: List[str] = []
+    batches = _batches(stream_texts(name, path, text_column, counts), batch_docs)
+    for _ in range(skip):
+        if next(batches, None) is None:
+            raise DataError(f"--out {out} holds shards of {skip} batches but the source now has fewer: it changed "
+                            f"since; remove {out} and prepare again")
+    state = {"batches": skip, "documents": shards[-1]["documents"] if shards else 0}
+    current: Dict[str, object] = {}
 
-        def flush() -> None:
-            nonlocal n_tokens, n_docs
-            ids = tok(batch, add_special_tokens=False)["input_ids"]
-            arr = np.fromiter((t for d in ids for t in (*d, end)), dtype=np.int64)
-            unigram[:] += np.bincount(arr, minlength=len(unigram))[:len(unigram)]
-            fh.write(arr.astype(dtype).tobytes())
-            n_tokens += len(arr)
-            n_docs += len(batch)
-            if progress is not None:
-                progress.add(len(batch), len(arr), sum(len(t.encode("utf-8", "replace")) for t in batch))
-            batch.clear()
+    def open_shard() -> None:
+        i = len(shards)
+        current.update(i=i, fh=open(_shard(out, i), "wb"), hash=xxhash.xxh3_64(), tokens=0,
+                       unigram=np.zeros(len(tok), dtype=np.int64))
 
-        for text in stream_texts(name, path, text_column, counts):
-            batch.append(text)
-            if len(batch) >= batch_docs:
-                flush()
-        if batch:
-            flush()
+    def close_shard() -> None:
+        fh, i = current["fh"], current["i"]
+        fh.flush()
+        os.fsync(fh.fileno())
+        fh.close()
+        np.save(_counts(out, i), current["unigram"])
+        record = {"file": _shard(out, i).name, "tokens": current["tokens"],
+                  "bytes": current["tokens"] * dtype.itemsize, "xxh3_64": current["hash"].hexdigest(), **state}
+        tmp = _marker(out, i).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, _marker(out, i))  # last: the shard is finished
+        shards.append(record)
+        current.clear()
+
+    delay = float(os.environ.get("ZOO_TEST_PREPARE_BATCH_DELAY_S", "0"))  # tests: a preparation to stop part-way
+    for batch, ids in _tokenized(batches, workers, (backend, end, dtype.name)):
+        if delay:
+            time.sleep(delay)
+        if not current:
+            open_shard()
+        data = ids.tobytes()
+        current["fh"].write(data)
+        current["hash"].update(data)
+        current["unigram"] += np.bincount(ids, minlength=len(tok))[:len(tok)]
+        current["tokens"] += len(ids)
+        state["batches"] += 1
+        state["documents"] += len(batch)
+        if progress is not None:
+            progress.add(len(batch), len(ids), sum(len(t.encode("utf-8", "replace")) for t in batch))
+        if current["tokens"] >= shard_tokens:
+            close_shard()
+    if current:
+        close_shard()
     if progress is not None:
         progress.add(0, 0, 0, final=True)
+    n_tokens = sum(r["tokens"] for r in shards)
     if n_tokens == 0:
-        tmp.unlink()
         raise DataError(f"data source {name} {path or ''} holds no text ({counts})")
-    os.replace(tmp, out / "tokens.bin")
+    unigram = np.zeros(len(tok), dtype=np.int64)
+    for i in range(len(shards)):
+        unigram += np.load(_counts(out, i))
     np.save(out / "unigram_counts.npy", unigram)
     tok.save_pretrained(str(out / "tokenizer"))
-    meta = {"format": "zoo-tokens-1", "dtype": np.dtype(dtype).name, "tokens": n_tokens, "documents": n_docs,
-            "eos_id": end, "vocab": len(tok), "source": f"{name}:{path}", "skipped": counts}
+    meta = {"format": FORMAT, "dtype": dtype.name, "tokens": n_tokens, "documents": state["documents"],
+            "eos_id": end, "vocab": len(tok), "source": f"{name}:{path}", "skipped": counts,
+            "shards": [{k: r[k] for k in ("file", "tokens", "bytes", "xxh3_64")} for r in shards]}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
 
-def _rows(directory: Path, width: int):
+class TokenShards:
+    """A prepared directory's tokens as one sequence, over one memory map per shard (format 2),
+    or the one tokens.bin of format 1; `block(i, width)` reads tokens [i x width, (i + 1) x
+    width), across a shard boundary where it falls on one."""
+
+    def __init__(self, directory: Path):
+        self.meta = json.loads((directory / "meta.json").read_text())
+        dtype = np.dtype(self.meta["dtype"])
+        files = [s["file"] for s in self.meta["shards"]] if "shards" in self.meta else ["tokens.bin"]
+        self.maps = [np.memmap(directory / f, dtype=dtype, mode="r") for f in files]
+        self.starts = np.cumsum([0] + [len(m) for m in self.maps])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        parts = []
+        while start < stop:
+            lo = start - int(self.starts[first])
+            take = min(stop - start, len(self.maps[first]) - lo)
+            parts.append(self.maps[first][lo:lo + take])
+            start, first = start + take, first + 1
+        return np.asarray(parts[0]) if len(parts) == 1 else np.concatenate(parts)
+
+    def block(self, i: int, width: int) -> np.ndarray:
+        return self.read(i * width, (i + 1) * width)
+
+
+def check_shards(directory: Path, verified: Path) -> None:
+    """DataError, naming the shard and how to rebuild it, where a shard of a prepared directory
+    is missing, of another size than its index says, or (read once per file version: its
+    digest is remembered under `verified`, keyed by path, size and modification time) not of
+    its recorded xxh3-64 digest."""
+    from zoo.run.checksums import digest
+
     meta = json.loads((directory / "meta.json").read_text())
-    tokens = np.memmap(directory / "tokens.bin", dtype=np.dtype(meta["dtype"]), mode="r")
+    rebuild = (f"rebuild it: remove {directory / '{shard}'} and its .done marker, and run python -m "
+               f"data_pipelines.prepare again with the same arguments (--out {directory}): the intact shards are kept")
+    for shard in meta.get("shards", []):
+        f = directory / shard["file"]
+        if not f.is_file():
+            raise DataError(f"{f} is missing (meta.json lists it); " + rebuild.format(shard=shard["file"]))
+        st = f.stat()
+        if st.st_size != shard["bytes"]:
+            raise DataError(f"{f} holds {st.st_size:,} bytes, meta.json says {shard['bytes']:,}: it is cut short or "
+                            f"was changed; " + rebuild.format(shard=shard["file"]))
+        stamp = verified / "shards" / hashlib.sha256(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+        if stamp.is_file() and stamp.read_text() == shard["xxh3_64"]:
+            continue
+        if digest(f) != shard["xxh3_64"]:
+            raise DataError(f"{f} fails its checksum (xxh3-64 recorded in meta.json): its bytes changed since it was "
+                            f"written; " + rebuild.format(shard=shard["file"]))
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(shard["xxh3_64"])
+
+
+def _rows(directory: Path, width: int):
+    tokens = TokenShards(directory)
     n = len(tokens) // width
-    return meta, tokens, n, tokens[: n * width].reshape(n, width)
+    return tokens.meta, tokens, n, _Blocks(tokens, width)
+
+
+class _Blocks:
+    def __init__(self, tokens: TokenShards, width: int):
+        self.tokens, self.width = tokens, width
+
+    def __getitem__(self, i):
+        if np.ndim(i) == 0:
+            return self.tokens.block(int(i), self.width)
+        return np.stack([self.tokens.block(int(j), self.width) for j in np.asarray(i)])
 
 
 class PreparedBlocks:
@@ -153,6 +395,7 @@ class PreparedBlocks:
                 raise DataError(f"data.eval_path={eval_directory} holds {len(held_tokens)} tokens: fewer than one "
                                 f"block of {width}; prepare more held-out text")
             self.train, self.eval = _Rows(rows, np.arange(n)), _Rows(held_rows, np.arange(held_n))
+        meta = {**{k: v for k, v in meta.items() if k != "shards"}, "shards": len(meta.get("shards", [None]))}
         self.meta = {**meta, "tail_tokens_dropped": int(len(tokens) - n * width), "train_blocks": len(self.train),
                      "eval_blocks": len(self.eval)}
         self.unigram_counts = np.load(directory / "unigram_counts.npy")
@@ -176,15 +419,25 @@ def main(argv=None) -> None:
     ap.add_argument("--text-column", default="text")
     ap.add_argument("--tokenizer", required=True, help="a local tokenizer directory or a Hub name")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--batch-docs", type=int, default=1000)
+    ap.add_argument("--batch-docs", type=int, default=1000, help="documents a worker tokenizes at once")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="tokenizing processes (default: one per core); the output is the same for any number")
+    ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
+                    help=f"tokens a shard reaches before the next begins (default {SHARD_TOKENS:,})")
     a = ap.parse_args(argv)
+    for flag, value in (("--workers", a.workers), ("--batch-docs", a.batch_docs), ("--shard-tokens", a.shard_tokens)):
+        if value is not None and value < 1:
+            print(f"data_pipelines.prepare: error: {flag} {value} must be at least 1"
+                  + (" (omit it for one process per core)" if flag == "--workers" else ""), file=sys.stderr)
+            sys.exit(2)
     try:
         meta = prepare(a.name, a.path, a.tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs,
-                       progress=Progress())
+                       workers=a.workers, shard_tokens=a.shard_tokens, progress=Progress())
     except DataError as err:
         print(f"data_pipelines.prepare: error: {err}", file=sys.stderr)
         sys.exit(2)
-    print(f"prepared {meta['documents']:,} documents, {meta['tokens']:,} tokens ({meta['dtype']}) in {a.out}; "
+    print(f"prepared {meta['documents']:,} documents, {meta['tokens']:,} tokens ({meta['dtype']}) in "
+          f"{len(meta['shards'])} shard(s) in {a.out}; "
           f"skipped {meta['skipped'] or 'nothing'}")
 
 

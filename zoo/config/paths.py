@@ -96,6 +96,13 @@ def _prepared(key: str, path: str) -> Path:
     if missing:
         raise ConfigError(f"{key}={path} is not a prepared dataset (no {', '.join(missing)}); run "
                           f"`python -m data_pipelines.prepare` into it, or use data=files for raw text")
+    from data_pipelines.cache import cache_root
+    from data_pipelines.prepare import check_shards
+
+    try:  # every shard there, of its size and digest (each file version read once: the cache remembers it)
+        check_shards(p, cache_root())
+    except DataError as err:
+        raise ConfigError(f"{key}={path}: {err}") from None
     return p
 
 

@@ -29,10 +29,11 @@ def test_prepare_streams_every_token_into_a_memory_map(tmp_path, run_zoo):
     tok = first.run_dir / "tokenizer"
     meta = prepare("files", str(src), str(tok), tmp_path / "prepared", batch_docs=7)
     assert meta["skipped"] == {"invalid_utf8_replaced": 1, "empty_skipped": 1} and meta["documents"] == 121
-    tokens = np.memmap(tmp_path / "prepared" / "tokens.bin", dtype=meta["dtype"], mode="r")
+    tokens = np.concatenate([np.memmap(tmp_path / "prepared" / s["file"], dtype=meta["dtype"], mode="r")
+                             for s in meta["shards"]])
     assert len(tokens) == meta["tokens"] and int((tokens == meta["eos_id"]).sum()) == 121
     blocks = PreparedBlocks(tmp_path / "prepared", block_size=63, eval_fraction=0.1)
-    assert isinstance(blocks.train.rows, np.memmap)  # rows are read on indexing only
+    assert isinstance(blocks.train.rows.tokens.maps[0], np.memmap)  # rows are read on indexing only
     n = len(blocks.train) + len(blocks.eval)
     assert n == len(tokens) // 64 and blocks.meta["tail_tokens_dropped"] == len(tokens) - n * 64
     assert np.array_equal(blocks.train[np.array([0])][0], np.asarray(tokens[:64]))
