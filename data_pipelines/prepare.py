@@ -4,7 +4,7 @@
         --out DATA_DIR [--workers N] [--shard-tokens N] [--text-column text] [--batch-docs 1000]
 
 Documents are streamed (file by file; jsonl/parquet/csv through `datasets` streaming) and cut
-into batches of --batch-docs in their order; --workers processes (default: one per core)
+into batches (of --batch-docs documents or --batch-chars characters) in their order; --workers processes (default: one per core)
 tokenize the batches with the fast tokenizer, each document followed by the end-of-text token
 (a BERT tokenizer's [SEP] where it has none), and the main process writes their tokens in the
 batches' order into DATA_DIR/tokens-00000.bin, tokens-00001.bin, ... (uint16 when the
@@ -88,6 +88,7 @@ class Progress:
 
 
 SHARD_TOKENS = 1 << 28  # 268M tokens: 512 MiB of uint16 a shard
+BATCH_CHARS = 1 << 20  # a batch's text: its encodings take tens of times that while it is tokenized
 FORMAT = "zoo-tokens-2"
 
 
@@ -126,13 +127,17 @@ def _worker_run(texts: List[str]) -> np.ndarray:
     return _WORKER(texts)
 
 
-def _batches(texts: Iterator[str], size: int) -> Iterator[List[str]]:
+def _batches(texts: Iterator[str], size: int, chars: int) -> Iterator[List[str]]:
+    """The documents in batches of `size` documents or `chars` characters, whichever comes first
+    (a batch's encodings take tens of times its text: long documents make short batches)."""
     batch: List[str] = []
+    held = 0
     for text in texts:
         batch.append(text)
-        if len(batch) >= size:
+        held += len(text)
+        if len(batch) >= size or held >= chars:
             yield batch
-            batch = []
+            batch, held = [], 0
     if batch:
         yield batch
 
@@ -214,16 +219,16 @@ def _job(out: Path, job: dict) -> None:
 
 
 def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_column: str = "text",
-            batch_docs: int = 1000, workers: Optional[int] = None, shard_tokens: int = SHARD_TOKENS,
-            progress: Progress | None = None) -> dict:
+            batch_docs: int = 1000, batch_chars: int = BATCH_CHARS, workers: Optional[int] = None,
+            shard_tokens: int = SHARD_TOKENS, progress: Progress | None = None) -> dict:
     """Prepare `out` (see the module's docstring); returns its meta.json as a dict."""
     import xxhash
     from transformers import AutoTokenizer
 
     workers = workers or max(1, len(os.sched_getaffinity(0)))
-    if workers < 1 or batch_docs < 1 or shard_tokens < 1:
-        raise DataError(f"--workers {workers}, --batch-docs {batch_docs} and --shard-tokens {shard_tokens} must be "
-                        f"positive")
+    if min(workers, batch_docs, batch_chars, shard_tokens) < 1:
+        raise DataError(f"--workers {workers}, --batch-docs {batch_docs}, --batch-chars {batch_chars} and "
+                        f"--shard-tokens {shard_tokens} must be positive")
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
     end = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
     if end is None:
@@ -234,12 +239,12 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     dtype = np.dtype(np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32)
     out.mkdir(parents=True, exist_ok=True)
     _job(out, {"format": FORMAT, "source": f"{name}:{path}", "text_column": text_column, "batch_docs": batch_docs,
-               "shard_tokens": shard_tokens, "tokenizer_xxh3_64": xxhash.xxh3_64_hexdigest(backend.encode()),
+               "batch_chars": batch_chars, "shard_tokens": shard_tokens, "tokenizer_xxh3_64": xxhash.xxh3_64_hexdigest(backend.encode()),
                "dtype": dtype.name})
     shards = _intact_shards(out)
     skip = shards[-1]["batches"] if shards else 0  # batches already in intact shards: read past, not tokenized
     counts: dict = {}
-    batches = _batches(stream_texts(name, path, text_column, counts), batch_docs)
+    batches = _batches(stream_texts(name, path, text_column, counts), batch_docs, batch_chars)
     for _ in range(skip):
         if next(batches, None) is None:
             raise DataError(f"--out {out} holds shards of {skip} batches but the source now has fewer: it changed "
@@ -420,19 +425,22 @@ def main(argv=None) -> None:
     ap.add_argument("--tokenizer", required=True, help="a local tokenizer directory or a Hub name")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batch-docs", type=int, default=1000, help="documents a worker tokenizes at once")
+    ap.add_argument("--batch-chars", type=int, default=BATCH_CHARS,
+                    help=f"characters a batch reaches at most (default {BATCH_CHARS:,}): bounds memory")
     ap.add_argument("--workers", type=int, default=None,
                     help="tokenizing processes (default: one per core); the output is the same for any number")
     ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
                     help=f"tokens a shard reaches before the next begins (default {SHARD_TOKENS:,})")
     a = ap.parse_args(argv)
-    for flag, value in (("--workers", a.workers), ("--batch-docs", a.batch_docs), ("--shard-tokens", a.shard_tokens)):
+    for flag, value in (("--workers", a.workers), ("--batch-docs", a.batch_docs), ("--batch-chars", a.batch_chars),
+                        ("--shard-tokens", a.shard_tokens)):
         if value is not None and value < 1:
             print(f"data_pipelines.prepare: error: {flag} {value} must be at least 1"
                   + (" (omit it for one process per core)" if flag == "--workers" else ""), file=sys.stderr)
             sys.exit(2)
     try:
         meta = prepare(a.name, a.path, a.tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs,
-                       workers=a.workers, shard_tokens=a.shard_tokens, progress=Progress())
+                       batch_chars=a.batch_chars, workers=a.workers, shard_tokens=a.shard_tokens, progress=Progress())
     except DataError as err:
         print(f"data_pipelines.prepare: error: {err}", file=sys.stderr)
         sys.exit(2)
