@@ -63,11 +63,17 @@ def test_any_number_of_workers_writes_the_same_bytes(corpus, reference, tmp_path
         assert _same(ref, out), workers
 
 
-def test_the_shards_read_as_one_sequence_of_blocks(reference):
+def test_the_shards_read_as_one_sequence_of_blocks(corpus, reference):
+    from transformers import AutoTokenizer
+
+    src, tok = corpus
     ref, meta = reference
     shards = TokenShards(ref)
     whole = np.concatenate([np.fromfile(ref / s["file"], dtype=meta["dtype"]) for s in meta["shards"]])
     assert len(shards) == meta["tokens"] == len(whole) and int((whole == meta["eos_id"]).sum()) == 450
+    texts = [json.loads(line)["text"] for f in sorted(src.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    ids = AutoTokenizer.from_pretrained(tok)([t for t in texts if t], add_special_tokens=False)["input_ids"]
+    assert np.array_equal(whole, [t for d in ids for t in (*d, meta["eos_id"])])  # transformers' own tokens
     width = 64
     boundary = meta["shards"][0]["tokens"] // width  # a block across the first shard's end
     assert np.array_equal(shards.block(boundary, width), whole[boundary * width:(boundary + 1) * width])
