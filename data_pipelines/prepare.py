@@ -37,12 +37,19 @@ from data_pipelines.lm import held_out
 from data_pipelines.text_sources import TEXT_SUFFIXES, DataError, expand_paths, read_source
 
 
-def stream_texts(name: str, path: str | None, column: str, counts: dict) -> Iterator[str]:
-    """Documents one at a time; files are read one by one (streaming for tables)."""
+def stream_texts(name: str, path: str | None, column: str, counts: dict,
+                 part: Optional[Tuple[int, int]] = None) -> Iterator[str]:
+    """Documents one at a time; files are read one by one (streaming for tables). `part`
+    (i, n): only the files of part i of n (data_pipelines.prepare_parts.part_files)."""
     if name != "files":  # pydoc and hub datasets are read through the in-memory reader
         yield from read_source(name, path, column).texts
         return
-    for f in expand_paths(path):
+    files = expand_paths(path)
+    if part is not None:
+        from data_pipelines.prepare_parts import part_files
+
+        files = part_files(files, *part)
+    for f in files:
         kind = TEXT_SUFFIXES[f.suffix.lower()]
         if f.suffix.lower() == ".jsonl":  # line by line: no table of a whole block of the file in memory
             rows = _jsonl_rows(f)
@@ -238,7 +245,8 @@ def _job(out: Path, job: dict) -> None:
 
 def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_column: str = "text",
             batch_docs: int = 1000, batch_chars: int = BATCH_CHARS, workers: Optional[int] = None,
-            shard_tokens: int = SHARD_TOKENS, progress: Progress | None = None) -> dict:
+            shard_tokens: int = SHARD_TOKENS, part: Optional[Tuple[int, int]] = None,
+            progress: Progress | None = None) -> dict:
     """Prepare `out` (see the module's docstring); returns its meta.json as a dict."""
     import xxhash
     from transformers import AutoTokenizer
@@ -258,11 +266,11 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     out.mkdir(parents=True, exist_ok=True)
     _job(out, {"format": FORMAT, "source": f"{name}:{path}", "text_column": text_column, "batch_docs": batch_docs,
                "batch_chars": batch_chars, "shard_tokens": shard_tokens, "tokenizer_xxh3_64": xxhash.xxh3_64_hexdigest(backend.encode()),
-               "dtype": dtype.name})
+               "dtype": dtype.name, "part": f"{part[0]}/{part[1]}" if part else None})
     shards = _intact_shards(out)
     skip = shards[-1]["batches"] if shards else 0  # batches already in intact shards: read past, not tokenized
     counts: dict = {}
-    batches = _batches(stream_texts(name, path, text_column, counts), batch_docs, batch_chars)
+    batches = _batches(stream_texts(name, path, text_column, counts, part), batch_docs, batch_chars)
     for _ in range(skip):
         if next(batches, None) is None:
             raise DataError(f"--out {out} holds shards of {skip} batches but the source now has fewer: it changed "
@@ -320,6 +328,7 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     tok.save_pretrained(str(out / "tokenizer"))
     meta = {"format": FORMAT, "dtype": dtype.name, "tokens": n_tokens, "documents": state["documents"],
             "eos_id": end, "vocab": len(tok), "source": f"{name}:{path}", "skipped": counts,
+            "part": f"{part[0]}/{part[1]}" if part else None,
             "shards": [{k: r[k] for k in ("file", "tokens", "bytes", "xxh3_64")} for r in shards]}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
@@ -440,8 +449,12 @@ def main(argv=None) -> None:
     ap.add_argument("--name", default="files", choices=["files", "hub", "pydoc"])
     ap.add_argument("--path")
     ap.add_argument("--text-column", default="text")
-    ap.add_argument("--tokenizer", required=True, help="a local tokenizer directory or a Hub name")
+    ap.add_argument("--tokenizer", help="a local tokenizer directory or a Hub name")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--part", help="I/N: prepare only part I (from 0) of N of the files (a Slurm array task's "
+                                   "share); then --merge the N parts' directories")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="PART_DIR",
+                    help="index the --part outputs' shards as one prepared directory --out (no copy)")
     ap.add_argument("--batch-docs", type=int, default=1000, help="documents a worker tokenizes at once")
     ap.add_argument("--batch-chars", type=int, default=BATCH_CHARS,
                     help=f"characters a batch reaches at most (default {BATCH_CHARS:,}): bounds memory")
@@ -457,12 +470,23 @@ def main(argv=None) -> None:
                   + (" (omit it for one process per core)" if flag == "--workers" else ""), file=sys.stderr)
             sys.exit(2)
     try:
-        meta = prepare(a.name, a.path, a.tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs,
-                       batch_chars=a.batch_chars, workers=a.workers, shard_tokens=a.shard_tokens, progress=Progress())
+        if a.merge:
+            from data_pipelines.prepare_parts import merge
+
+            meta = merge(a.merge, a.out)
+        else:
+            if not a.tokenizer:
+                raise DataError("--tokenizer is required (a local tokenizer directory or a Hub name), except with --merge")
+            from data_pipelines.prepare_parts import parse_part
+
+            meta = prepare(a.name, a.path, a.tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs,
+                           batch_chars=a.batch_chars, workers=a.workers, shard_tokens=a.shard_tokens,
+                           part=parse_part(a.part, a.name) if a.part else None, progress=Progress())
     except DataError as err:
         print(f"data_pipelines.prepare: error: {err}", file=sys.stderr)
         sys.exit(2)
-    print(f"prepared {meta['documents']:,} documents, {meta['tokens']:,} tokens ({meta['dtype']}) in "
+    print(f"{'merged' if a.merge else 'prepared'} {meta['documents']:,} documents, {meta['tokens']:,} tokens "
+          f"({meta['dtype']}) in "
           f"{len(meta['shards'])} shard(s) in {a.out}; "
           f"skipped {meta['skipped'] or 'nothing'}")
 

@@ -23,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = ROOT / ".ci" / "slurm_setup.sh"
 DEBUG_CPU = ROOT / "slurm" / "debug_cpu.sbatch"
+PREPARE = ROOT / "slurm" / "prepare_array.sbatch"
 EXIT_REQUEUE = 75  # slurm/srun_ranks.sh: the trainer's "checkpoint written, run me again"
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE", "PREEMPTED"}
@@ -294,3 +295,31 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_and_the_wait(slurm, tmp_
                            wait_s=timeout_s + wait_s + 90)
     lost = [line for line in job.log.splitlines() if "a peer rank did not answer within parallel.timeout_s" in line]
     assert lost and "/zoo/" not in job.log, job.log[-3000:]
+
+
+def test_an_array_prepares_the_parts_and_a_dependent_job_merges_them(slurm, tmp_path):
+    """slurm/prepare_array.sbatch (#38 item 2): array tasks 0-2 prepare a part of the files each,
+    a job depending on the array merges them; the merged directory holds one preparation's tokens."""
+    import numpy as np
+
+    from data_pipelines.prepare import TokenShards, prepare
+    from data_pipelines.tokenizer import train_gpt_tokenizer
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    texts = [f"document {i}: for x in range({i}): print(x) " * (3 + i % 5) for i in range(120)]
+    for part in range(4):
+        (src / f"part{part}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[part::4]))
+    tok = str(train_gpt_tokenizer(texts, 400, source_key="slurm-prepare", cache_dir=str(tmp_path / "cache")))
+    args = ["--path", str(src), "--tokenizer", tok, "--out", "data", "--batch-docs", "8"]
+    array = slurm.submit(tmp_path, args, ["--array=0-2", "--cpus-per-task=1"], script=PREPARE, ranks=["--ntasks=1"])
+    merged = slurm.submit(tmp_path, ["--out", "data"], [f"--dependency=afterok:{array.id}", "--cpus-per-task=1"],
+                          script=PREPARE, ranks=["--ntasks=1"])
+    info = slurm.wait(merged, timeout_s=180)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), merged.log
+    data = tmp_path / "data"
+    assert sorted(p.name for p in data.glob("part-*")) == ["part-00000", "part-00001", "part-00002"]
+    one = prepare("files", str(src), tok, tmp_path / "one", workers=1, batch_docs=8)
+    together = TokenShards(data)
+    assert json.loads((data / "meta.json").read_text())["documents"] == one["documents"] == 120
+    assert np.array_equal(together.read(0, len(together)), TokenShards(tmp_path / "one").read(0, one["tokens"]))

@@ -189,3 +189,35 @@ def test_training_refuses_a_changed_shard_before_any_rank_starts(corpus, tmp_pat
     with pytest.raises(ConfigError, match=r"^data.path=.*prep: .*tokens-\d{5}.bin holds [\d,]+ bytes, meta.json says "
                                           r"[\d,]+: it is cut short or was changed; rebuild it"):
         check_paths(cfg, family("gpt"))
+
+
+def test_parts_prepared_apart_and_merged_equal_one_preparation(corpus, reference, tmp_path):
+    """#38 item 2: --part I/N of the files each, then --merge: the same tokens, counts and
+    documents as one preparation, the parts' shards indexed where they are (no copy)."""
+    src, tok = corpus
+    ref, meta = reference
+    parts = []
+    for i in range(3):
+        parts.append(tmp_path / f"part{i}")
+        prepare("files", str(src), tok, parts[-1], workers=1, batch_docs=20, shard_tokens=6000, part=(i, 3))
+    out = tmp_path / "merged"
+    cmd = [sys.executable, "-m", "data_pipelines.prepare", "--merge", *map(str, reversed(parts)), "--out", str(out)]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("merged 450 documents"), run.stderr
+    merged = json.loads((out / "meta.json").read_text())
+    assert (merged["tokens"], merged["documents"], merged["skipped"]) == (meta["tokens"], 450, meta["skipped"])
+    assert all(s["file"].startswith("../part") for s in merged["shards"]) and not list(out.glob("*.bin"))
+    one, both = TokenShards(ref), TokenShards(out)
+    assert np.array_equal(one.read(0, len(one)), both.read(0, len(both)))
+    assert np.array_equal(np.load(ref / "unigram_counts.npy"), np.load(out / "unigram_counts.npy"))
+    check_shards(out, tmp_path / "verified")
+    # What merge and --part refuse, in one line each.
+    bad = subprocess.run([*cmd[:4], str(parts[0]), str(parts[2]), "--out", str(tmp_path / "m2")], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == ("data_pipelines.prepare: error: --merge: parts [0, 2] of 3 "
+                                                          "given; part(s) [1] missing"), bad.stderr
+    wrong = subprocess.run([sys.executable, "-m", "data_pipelines.prepare", "--path", str(src), "--tokenizer", tok,
+                            "--out", str(tmp_path / "p"), "--part", "3/2"], cwd=REPO, capture_output=True, text=True)
+    assert wrong.returncode == 2 and wrong.stderr.strip() == (
+        "data_pipelines.prepare: error: --part 3/2: part 3 of 2 does not exist: I runs from 0 to 1 (a Slurm array's "
+        "--part $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"), wrong.stderr
