@@ -40,7 +40,7 @@ def cache_key(**parts) -> str:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -67,7 +67,7 @@ def cached_dir(entry: Path, build: Callable[[Path], None]) -> Path:
     its files do not match the checksums written with it."""
     if (entry / MARKER).exists() and _damage(entry) is None:
         return entry
-    with _locked(entry.with_name(entry.name + ".lock")):
+    with locked(entry.with_name(entry.name + ".lock")):
         problem = _damage(entry)
         if (entry / MARKER).exists() and problem is None:
             return entry  # another process built it while this one waited

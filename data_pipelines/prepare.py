@@ -367,28 +367,41 @@ def check_shards(directory: Path, verified: Path) -> None:
     """DataError, naming the shard and how to rebuild it, where a shard of a prepared directory
     is missing, of another size than its index says, or (read once per file version: its
     digest is remembered under `verified`, keyed by path, size and modification time) not of
-    its recorded xxh3-64 digest."""
+    its recorded xxh3-64 digest. Ranks validating at once (torchrun, srun) read a shard once
+    per cache: the first takes its lock and reads it, the others find the digest remembered."""
+    from data_pipelines.cache import locked
     from zoo.run.checksums import digest
 
-    meta = json.loads((directory / "meta.json").read_text())
-    rebuild = (f"rebuild it: remove {directory / '{shard}'} and its .done marker, and run python -m "
-               f"data_pipelines.prepare again with the same arguments (--out {directory}): the intact shards are kept")
+    def rebuild(f: Path) -> str:
+        return (f"rebuild it: remove {f} and its .done marker, and run python -m data_pipelines.prepare again with "
+                f"the same arguments (--out {f.parent}; then --merge again if it is a part): the intact shards are kept")
+
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except ValueError as err:
+        raise DataError(f"{directory / 'meta.json'} does not parse ({err}): it is written last by python -m "
+                        f"data_pipelines.prepare; run it again with the same arguments (--out {directory})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("shards", []), list):
+        raise DataError(f"{directory / 'meta.json'} is not a prepared directory's index (no list of shards); run "
+                        f"python -m data_pipelines.prepare again with the same arguments (--out {directory})")
     for shard in meta.get("shards", []):
         f = directory / shard["file"]
         if not f.is_file():
-            raise DataError(f"{f} is missing (meta.json lists it); " + rebuild.format(shard=shard["file"]))
+            raise DataError(f"{f} is missing (meta.json lists it); " + rebuild(f))
         st = f.stat()
         if st.st_size != shard["bytes"]:
             raise DataError(f"{f} holds {st.st_size:,} bytes, meta.json says {shard['bytes']:,}: it is cut short or "
-                            f"was changed; " + rebuild.format(shard=shard["file"]))
+                            f"was changed; " + rebuild(f))
         stamp = verified / "shards" / hashlib.sha256(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
         if stamp.is_file() and stamp.read_text() == shard["xxh3_64"]:
             continue
-        if digest(f) != shard["xxh3_64"]:
-            raise DataError(f"{f} fails its checksum (xxh3-64 recorded in meta.json): its bytes changed since it was "
-                            f"written; " + rebuild.format(shard=shard["file"]))
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(shard["xxh3_64"])
+        with locked(stamp.with_suffix(".lock")):
+            if stamp.is_file() and stamp.read_text() == shard["xxh3_64"]:
+                continue  # another rank read it while this one waited
+            if digest(f) != shard["xxh3_64"]:
+                raise DataError(f"{f} fails its checksum (xxh3-64 recorded in meta.json): its bytes changed since it "
+                                f"was written; " + rebuild(f))
+            stamp.write_text(shard["xxh3_64"])
 
 
 def _rows(directory: Path, width: int):

@@ -221,3 +221,13 @@ def test_parts_prepared_apart_and_merged_equal_one_preparation(corpus, reference
     assert wrong.returncode == 2 and wrong.stderr.strip() == (
         "data_pipelines.prepare: error: --part 3/2: part 3 of 2 does not exist: I runs from 0 to 1 (a Slurm array's "
         "--part $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"), wrong.stderr
+
+
+def test_an_index_that_does_not_parse_is_one_line(tmp_path):
+    (tmp_path / "meta.json").write_text("")
+    with pytest.raises(DataError, match=r"meta.json does not parse \(.*\): it is written last by python -m "
+                                        r"data_pipelines.prepare"):
+        check_shards(tmp_path, tmp_path / "verified")
+    (tmp_path / "meta.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match=r"meta.json is not a prepared directory's index \(no list of shards\)"):
+        check_shards(tmp_path, tmp_path / "verified")
