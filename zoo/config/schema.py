@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from zoo.families.bert.keys import MaskingDataKeys
+from zoo.families.causal_keys import DocumentDataKeys
 from zoo.families.cnn.keys import ImageDataKeys
 from zoo.families.llama.keys import LlamaModelKeys
 
@@ -120,9 +121,10 @@ class DataSource:
 
 
 @dataclass
-class DataConfig(MaskingDataKeys, ImageDataKeys, DataSource):
+class DataConfig(DocumentDataKeys, MaskingDataKeys, ImageDataKeys, DataSource):
     """`data.*`: the source, the CNN's image keys (zoo/families/cnn/keys.py), BERT's masking
-    (zoo/families/bert/keys.py), then the tokenizer's and the split's keys."""
+    (zoo/families/bert/keys.py), GPT's and Llama's document masking (zoo/families/causal_keys.py),
+    then the tokenizer's and the split's keys."""
 
     tokenizer: Optional[str] = None
     """None: train one on the source (cached). Else a local directory holding tokenizer.json

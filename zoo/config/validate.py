@@ -210,7 +210,7 @@ def _check_data(cfg: Config, spec) -> None:
 def _check_data_keys(cfg: Config, spec) -> None:
     """A data key the chosen source would ignore is refused, naming the sources that read it."""
     from zoo.config.schema import DataConfig
-    from zoo.families.data_keys import CHECKED, tokenizer_brought
+    from zoo.families.data_keys import CHECKED, ONLY_FOR, tokenizer_brought
 
     d, defaults, family = cfg.data, DataConfig(), cfg.model.family
     chosen = "data.mix" if d.mix else f"data={d.name}"
@@ -220,8 +220,9 @@ def _check_data_keys(cfg: Config, spec) -> None:
             continue
         readers = spec.data_keys.get(key, ())
         if not readers:
+            why = f": {ONLY_FOR[key]}" if key in ONLY_FOR else ""
             raise ConfigError(f"data.{key}={value!r} is read by no data source of model.family={family} "
-                              f"(it reads {spec.reads}: {', '.join('data=' + s for s in spec.data_sources)}); "
+                              f"(it reads {spec.reads}: {', '.join('data=' + s for s in spec.data_sources)}){why}; "
                               f"drop data.{key}")
         if key == "path" and d.mix:
             raise ConfigError(f"data.path={value!r} is not read with data.mix, whose entries name their own "

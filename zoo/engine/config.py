@@ -64,6 +64,11 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
         ds["zero_allow_untested_optimizer"] = True
     if layout.pp > 1:
         ds["pipeline"] = {"activation_checkpoint_interval": 1 if cfg.model.activation_checkpointing else 0}
+        if cfg.parallel.sequence_parallel and layout.tp > 1:
+            # DeepSpeed splits the activations a stage sends over the tp group and gathers them on
+            # the next stage as if every tp rank held the same tensor; under sequence parallelism each
+            # holds its own shard of the sequence (already 1/tp of it), which that would mix up.
+            ds["pipeline"].update(pipe_partitioned=False, grad_partitioned=False)
     return _deep_merge(ds, dict(cfg.deepspeed))
 
 

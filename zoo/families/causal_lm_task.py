@@ -38,6 +38,16 @@ class CausalLMTask(TextDocuments, Task):
         else:
             self._prepare_documents(run_dir, rank)
         self.stream = SampleStream(len(self.blocks.train), cfg.trainer.seed)
+        # data.document_mask: the token that ends each document in the packed blocks.
+        self.document_end = int(self.blocks.meta["eos_id"]) if cfg.data.document_mask else None
+
+    def build_options(self, grid) -> dict:
+        return {**super().build_options(grid), "document_end": self.document_end}
+
+    def plain_model(self) -> nn.Module:
+        model = super().plain_model()
+        model.document_end = self.document_end  # the sample is generated as the model was trained
+        return model
 
     def _prepare_pretokenized(self, run_dir: Path, rank: int) -> None:
         from transformers import AutoTokenizer
@@ -114,7 +124,9 @@ class CausalLMTask(TextDocuments, Task):
         return self.shape.block_size
 
     def sample_noun(self) -> str:
-        return f"blocks of {self.shape.block_size} tokens ({self.stream.num_samples * self.shape.block_size:,} tokens)"
+        masked = ", attending within documents" if self.document_end is not None else ""
+        return (f"blocks of {self.shape.block_size} tokens ({self.stream.num_samples * self.shape.block_size:,} "
+                f"tokens{masked})")
 
     def collate(self, split: str, indices: np.ndarray) -> Batch:
         rows = self.blocks.train if split == "train" else self.blocks.eval

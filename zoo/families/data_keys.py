@@ -16,11 +16,13 @@ CAUSAL_TEXT: Dict[str, Tuple[str, ...]] = {
     "tokenizer": TOKENIZING,
     "vocab_size": TOKENIZING,
     "num_proc": TOKENIZING,
+    "document_mask": (*TOKENIZING, "prepared"),
 }
 """GPT and Llama: packed blocks of tokens."""
 
 MASKED_TEXT: Dict[str, Tuple[str, ...]] = {
-    **{k: v for k, v in CAUSAL_TEXT.items() if k != "num_proc"},  # its sentence pairs are built in one process
+    # Its sentence pairs are built in one process; its attention is bidirectional within a pair.
+    **{k: v for k, v in CAUSAL_TEXT.items() if k not in ("num_proc", "document_mask")},
     "mlm_probability": ("pydoc", "files", "hub", "prepared"),
 }
 """BERT: sentence-pair samples, masked."""
@@ -32,6 +34,12 @@ IMAGES: Dict[str, Tuple[str, ...]] = {
     "label_column": ("hub",),
 }
 """The CNN: labelled images."""
+
+ONLY_FOR: Dict[str, str] = {
+    "document_mask": "attention within each document is for the causal language models (model=gpt, model=llama); "
+                     "BERT attends both ways within its sentence pairs",
+}
+"""Why a key belongs to some families only, for the refusal in the others."""
 
 CHECKED = tuple(dict.fromkeys([*CAUSAL_TEXT, *MASKED_TEXT, *IMAGES]))
 """Every key some source ignores."""

@@ -46,6 +46,9 @@ class CausalLM(nn.Module):
         # Replaced by the vocab-parallel loss when the head is sharded.
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_per_token
         self.activation_checkpointing = False
+        self.document_end: Optional[int] = None
+        """The end-of-text token id with `data.document_mask` (zoo.models.documents): attention
+        and positions stay inside each document. Set before `pipeline_layers()` is read."""
 
     def pipeline_layers(self):
         raise NotImplementedError

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
+from zoo.models.documents import document_mask, with_documents
 from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_embd, block_size)
@@ -87,13 +88,16 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`positions` (B, T): each token's position in its document (zoo.models.documents);
+        given, attention stays inside each document, else it is causal over the block."""
         qkv = self.c_attn(x)  # (B, T, 3*C_local): under TP each rank holds whole heads
         B, T, three_c = qkv.shape
         q, k, v = qkv.split(three_c // 3, dim=2)
         # (B, nh_local, T, hs)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        mask = None if positions is None else document_mask(positions)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, three_c // 3)
         return self.resid_dropout(self.c_proj(y))
@@ -118,8 +122,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(shape.n_embd, eps=1e-5)
         self.mlp = MLP(shape.n_embd, shape.ffn_dim, shape.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), positions)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -133,8 +137,8 @@ class Embeddings(nn.Module):
         self.wpe.decayed = False  # a position table is not weight-decayed (zoo.engine.initialize.param_groups)
         self.drop = nn.Dropout(shape.dropout)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
+    def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device) if positions is None else positions
         return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
 
 
@@ -153,10 +157,11 @@ class GPT(CausalLM):
         """The forward in order: embeddings, blocks, final LayerNorm, the output head (tied
         to the token embedding: under pp the last stage holds its own copy of it)."""
         tie = dict(tie="wte", tied_weight="embed.wte.weight")
-        return [PipeLayer(("embed",), **tie),
-                *(PipeLayer((f"h.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
-                PipeLayer(("ln_f",)),
-                PipeLayer(("embed.wte", "lm_head"), run=HeadLogits(self.shape.vocab_real), **tie)]
+        return with_documents([PipeLayer(("embed",), **tie),
+                               *(PipeLayer((f"h.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
+                               PipeLayer(("ln_f",)),
+                               PipeLayer(("embed.wte", "lm_head"), run=HeadLogits(self.shape.vocab_real), **tie)],
+                              self.document_end, embedding_takes_positions=True)
 
 
 def gpt_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,

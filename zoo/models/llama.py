@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
+from zoo.models.documents import document_mask, with_documents
 from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta, tied), from each
@@ -119,12 +120,15 @@ def _rope_tables(T: int, d: int, theta: float, device: torch.device, dtype: torc
         return emb.cos().to(dtype), sin.to(dtype)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple:
-    """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1:
-    x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x, d/2) * signed sin (the
-    same products, bit for bit; a roll's backward is a roll, where a cat's is a split and a cat)."""
+def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float, positions: Optional[torch.Tensor] = None) -> tuple:
+    """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1 (or
+    `positions`, (B, T), each token's position in its document): x * cos + rotate_half(x) * sin,
+    with rotate_half(x) * sin = roll(x, d/2) * signed sin (the same products, bit for bit; a
+    roll's backward is a roll, where a cat's is a split and a cat)."""
     d = q.shape[-1]
     cos, signed_sin = _rope_tables(q.shape[-2], d, float(theta), q.device, q.dtype)
+    if positions is not None:  # each row's own angles, (B, 1, T, d): the table's rows, picked
+        cos, signed_sin = cos[positions][:, None], signed_sin[positions][:, None]
     return q * cos + q.roll(d // 2, -1) * signed_sin, k * cos + k.roll(d // 2, -1) * signed_sin
 
 
@@ -139,19 +143,23 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(shape.n_embd, kv, bias=False)
         self.o_proj = nn.Linear(shape.n_embd, shape.n_embd, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`positions` (B, T): each token's position in its document (zoo.models.documents);
+        given, attention stays inside each document and rotary angles restart with it."""
         q, k, v = (proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj))
         B, T, _ = q.shape  # the whole sequence: under sequence parallelism x holds a shard of it
         # (B, heads_local, T, hs): under TP each rank holds whole query heads and their kv heads
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        q, k = apply_rope(q, k, self.theta)
+        q, k = apply_rope(q, k, self.theta, positions)
+        mask = None if positions is None else document_mask(positions)
         replicated = getattr(self.k_proj, "query_to_kv", None)  # tp does not divide the kv heads
         if replicated is None:  # each group of `groups` query heads shares one kv head: sdpa repeats none
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.groups > 1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=self.groups > 1)
         else:
             index = torch.tensor(replicated, device=k.device)
             k, v = (t.index_select(1, index) for t in (k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -174,8 +182,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.n_embd, shape.rms_norm_eps)
         self.mlp = LlamaMLP(shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -206,11 +214,13 @@ class LlamaForCausalLM(CausalLM):
         (tied: it holds the embedding too, and under pp the last stage its own copy)."""
         tied = self.shape.tie_embeddings
         tie = dict(tie="embed_tokens", tied_weight="model.embed_tokens.weight") if tied else {}
-        return [PipeLayer(("model.embed_tokens",), **tie),
-                *(PipeLayer((f"model.layers.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
-                PipeLayer(("model.norm",)),
-                PipeLayer(("model.embed_tokens", "lm_head") if tied else ("lm_head",),
-                          run=HeadLogits(self.shape.vocab_real), **tie)]
+        return with_documents(
+            [PipeLayer(("model.embed_tokens",), **tie),
+             *(PipeLayer((f"model.layers.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
+             PipeLayer(("model.norm",)),
+             PipeLayer(("model.embed_tokens", "lm_head") if tied else ("lm_head",), run=HeadLogits(self.shape.vocab_real),
+                       **tie)],
+            self.document_end, embedding_takes_positions=False)
 
 
 def llama_flops_per_token(shape: LlamaShape, params: int, seq_len: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -114,11 +115,14 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
 
 def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                 sequence_parallel: bool = False, activation_checkpointing: bool = False,
-                zero3: ZeroThree | None = None, weights=None) -> nn.Module:
+                zero3: ZeroThree | None = None, weights=None, document_end: Optional[int] = None) -> nn.Module:
     """This rank's whole model (no pipeline) of family `spec`; with `zero3`, built partitioned
-    (materialise_partitioned), filled from `weights` (model.init_from)."""
+    (materialise_partitioned), filled from `weights` (model.init_from); with `document_end` (a
+    causal LM's end-of-text id) attending within documents only (zoo.models.documents)."""
     with on_meta():
         model = spec.model(shape)
+    if document_end is not None:
+        model.document_end = document_end
     if zero3 is None:
         materialise(model, spec, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
                     sequence_parallel=sequence_parallel)
@@ -135,12 +139,15 @@ def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, 
 
 def build_pipeline(spec, shape, layout: Layout, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                    sequence_parallel: bool = False, partition_method: str, activation_checkpointing: bool,
-                   dynamic_shape: bool = False):
-    """This stage's DeepSpeed PipelineModule: only its layers, cut from the model built on meta."""
+                   dynamic_shape: bool = False, document_end: Optional[int] = None):
+    """This stage's DeepSpeed PipelineModule: only its layers, cut from the model built on meta
+    (with `document_end`, layers that carry each token's document position between them)."""
     from zoo.parallel.pipeline import pipeline_module
 
     with on_meta():
         meta_model = spec.model(shape)
+    if document_end is not None:
+        meta_model.document_end = document_end
     build = functools.partial(materialise, spec=spec, shape=shape, seed=seed, device=device, tp_group=tp_group,
                               dp_group=dp_group, sequence_parallel=sequence_parallel)
     return pipeline_module(meta_model, layout, build, loss_fn=spec.pipeline_loss(tp_group),

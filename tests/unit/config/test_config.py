@@ -124,6 +124,12 @@ def check(cfg: Config, world=None, cuda=False):
     (["data.image_size=8"], r"data.image_size=8 is read by no data source of model.family=gpt"),
     (["model=bert", "data.num_proc=2"], r"data.num_proc=2 is read by no data source of model.family=bert"),
     (["data.mlm_probability=0.3"], r"data.mlm_probability=0.3 is read by no data source of model.family=gpt"),
+    (["model=bert", "data.document_mask=true"], r"data.document_mask=True is read by no data source of "
+                                                r"model.family=bert .*: attention within each document is for the "
+                                                r"causal language models \(model=gpt, model=llama\).*; drop "
+                                                r"data.document_mask"),
+    (["model=cnn", "data.document_mask=true"], r"data.document_mask=True is read by no data source of "
+                                               r"model.family=cnn"),
     (["data=prepared", "data.path=p", "data.text_column=body"], r"data.text_column='body' is read by "
                                                                  r"data=files\|data=hub; you chose data=prepared"),
     (["data.mix=[{name: pydoc}]", "data.path=a.txt"], r"data.path='a.txt' is not read with data.mix"),
@@ -163,6 +169,16 @@ def test_deepspeed_config_derives_accumulation_and_passes_raw_keys():
     assert ds["gradient_accumulation_steps"] == 8 and ds["train_batch_size"] == 64
     assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": True}
     assert ds["optimizer"]["params"]["torch_adam"] is True
+
+
+def test_pipeline_does_not_split_sequence_parallel_activations_over_tp():
+    """DeepSpeed's pipe_partitioned gathers a stage's activations as if every tp rank held the
+    same tensor; a sequence-parallel rank holds its own shard (the 3d + sp runs of
+    tests/e2e/parallel/test_document_mask.py match one process only without it)."""
+    layout = Layout(tp=2, pp=2, dp=2, zero_stage=1)
+    assert "pipe_partitioned" not in deepspeed_config(composed("parallel=3d"), layout)["pipeline"]
+    ds = deepspeed_config(composed("parallel=3d", "parallel.sequence_parallel=true"), layout)
+    assert ds["pipeline"]["pipe_partitioned"] is False and ds["pipeline"]["grad_partitioned"] is False
 
 
 def _hf_dir(path: Path, **config) -> Path:

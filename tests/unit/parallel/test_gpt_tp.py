@@ -31,17 +31,23 @@ def _gather_grads(model, group):
     return out
 
 
-def check_tp_equivalence(shape, sequence_parallel: bool) -> None:
+def check_tp_equivalence(shape, sequence_parallel: bool, document_end=None) -> None:
     """On every rank of the world group: the tp-sharded model of `shape` against the same model
-    at tp=1 (same seed, same batch): initial shards, logits, loss and every gradient."""
+    at tp=1 (same seed, same batch): initial shards, logits, loss and every gradient. With
+    `document_end`, both models attend within documents (zoo.models.documents) and the batch's
+    rows hold that token at a few places."""
     group = dist.group.WORLD
-    ref = build_model(spec_of(shape), shape, seed=11, device=CPU)
-    tp = build_model(spec_of(shape), shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel)
+    ref = build_model(spec_of(shape), shape, seed=11, device=CPU, document_end=document_end)
+    tp = build_model(spec_of(shape), shape, seed=11, device=CPU, tp_group=group, sequence_parallel=sequence_parallel,
+                     document_end=document_end)
     full = full_parameters(tp, group)
     for name, p in ref.named_parameters():
         assert torch.equal(full[name], p.detach()), f"initial shard of {name} is not the slice of tp=1"
     tokens = getattr(shape, "vocab_real", None) or shape.vocab_size  # a padded vocabulary: its own tokens only
     idx = torch.randint(0, tokens, (2, 16), generator=torch.Generator().manual_seed(0))
+    if document_end is not None:  # three documents in the first row, two in the second
+        idx[idx == document_end] = (document_end + 1) % tokens
+        idx[0, [4, 9]] = idx[1, 7] = document_end
     tgt = torch.randint(0, tokens, (2, 16), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(gather_from_tp_region(tp(idx), group), ref(idx), rtol=1e-5, atol=1e-5)
     ref(idx, tgt).backward()

@@ -1,0 +1,14 @@
+"""The `data.*` keys only the causal language models (GPT, Llama) read;
+`zoo.config.schema.DataConfig` composes them, and `zoo.families.data_keys.CAUSAL_TEXT`
+says which of their sources read each (validation refuses them for BERT and the CNN)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DocumentDataKeys:
+    document_mask: bool = False
+    """GPT and Llama: attention only within a document (block-causal) and positions restarting
+    at each document's start, in the packed blocks (zoo.models.documents); false: a block's
+    tokens attend to every earlier token of the block, positions 0..block_size-1."""

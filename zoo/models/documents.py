@@ -1,0 +1,98 @@
+"""Attention that stays inside a document (`data.document_mask=true`), for the causal LMs.
+
+Packed blocks hold the end of one document, its end-of-text token and the start of the
+next. With document masking a token attends only to the earlier tokens of its own document
+(block-causal attention) and its position counts from its document's start (GPT's position
+table, Llama's rotary angles), as Megatron's `--reset-attention-mask --reset-position-ids`:
+the end-of-text token belongs to the document it ends, and the token after it starts at
+position 0. Everything comes from the token ids, so the data is unchanged.
+
+The model's layer list (zoo.models.stages) then carries `(hidden, positions)` between its
+layers instead of `hidden`: positions are (B, T) integers, whole on every tensor-parallel
+rank (attention sees the whole sequence also under sequence parallelism), passed along the
+pipeline beside the hidden states (DeepSpeed sends a tuple's integer tensors and no gradient
+for them). Each attention builds its (B, 1, T, T) mask from them: the same for every layer,
+cheaper to rebuild than to send between stages.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from zoo.models.stages import PipeLayer
+
+
+def document_positions(idx: torch.Tensor, end_id: int) -> torch.Tensor:
+    """(B, T) int64: each token's position within its document, 0 after every `end_id`."""
+    T = idx.shape[1]
+    arange = torch.arange(T, device=idx.device).expand_as(idx)
+    starts = torch.zeros_like(idx, dtype=torch.bool)
+    starts[:, 1:] = idx[:, :-1] == end_id
+    starts[:, 0] = True
+    start_of_own = torch.where(starts, arange, torch.zeros_like(arange)).cummax(dim=1).values
+    return arange - start_of_own
+
+
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool: query i may attend key j (same document, j <= i), from document_positions."""
+    doc = (positions == 0).cumsum(dim=1)  # a document's number within the block
+    T = positions.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril()
+    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
+
+
+class _Embed:
+    """The first layer: token ids -> (hidden, positions)."""
+
+    def __init__(self, layer: PipeLayer, end_id: int, takes_positions: bool):
+        self.layer, self.end_id, self.takes_positions = layer, end_id, takes_positions
+
+    def __call__(self, root: nn.Module, idx: torch.Tensor):
+        positions = document_positions(idx, self.end_id)
+        if self.takes_positions:  # a learned position table (GPT)
+            return root.get_submodule(self.layer.paths[0])(idx, positions=positions), positions
+        return self.layer(root, idx), positions
+
+
+class _Carry:
+    """A block: (hidden, positions) -> (block(hidden, positions=positions), positions)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, root: nn.Module, x):
+        hidden, positions = x
+        return root.get_submodule(self.path)(hidden, positions=positions), positions
+
+
+class _Drop:
+    """The first layer after the blocks: drops the positions, then runs as before."""
+
+    def __init__(self, layer: PipeLayer):
+        self.layer = layer
+
+    def __call__(self, root: nn.Module, x):
+        return self.layer(root, x[0])
+
+
+def with_documents(layers: Sequence[PipeLayer], end_id: Optional[int], *,
+                   embedding_takes_positions: bool) -> List[PipeLayer]:
+    """`layers` (embedding, checkpointable blocks, the rest) carrying positions from the
+    embedding through the blocks; unchanged where `end_id` is None (no document masking)."""
+    if end_id is None:
+        return list(layers)
+    first, *rest = layers
+    out = [dataclasses.replace(first, run=_Embed(first, end_id, embedding_takes_positions))]
+    carrying = True
+    for layer in rest:
+        if layer.checkpointable and carrying:
+            out.append(dataclasses.replace(layer, run=_Carry(layer.paths[0])))
+        elif carrying:
+            out.append(dataclasses.replace(layer, run=_Drop(layer)))
+            carrying = False
+        else:
+            out.append(layer)
+    return out
