@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional
 from zoo.run.checksums import manifest, mismatch
 
 MARKER = ".complete"
+VERIFIED = ".verified"
 
 
 def cache_root(configured: str | None = None) -> Path:
@@ -51,7 +52,9 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def _damage(entry: Path) -> Optional[str]:
-    """Why `entry` cannot be used (None: it is complete and intact)."""
+    """Why `entry` cannot be used (None: it is complete and intact). A file whose digest was read
+    and matched before (`.verified`: its size and modification time then) is not read again, so a
+    corpus of many gigabytes is hashed once, not at every start of every rank."""
     marker = entry / MARKER
     if not marker.is_file():
         return None if not entry.exists() else "it was never completed"
@@ -59,7 +62,23 @@ def _damage(entry: Path) -> Optional[str]:
         record = json.loads(marker.read_text())
     except ValueError:
         return "its marker holds no checksums (written by an older zoo)"
-    return mismatch(entry, record) if isinstance(record, dict) else "its marker holds no checksums"
+    if not isinstance(record, dict):
+        return "its marker holds no checksums"
+    stamps = entry / VERIFIED
+    try:
+        verified = json.loads(stamps.read_text()) if stamps.is_file() else {}
+    except ValueError:
+        verified = {}
+    before = dict(verified)
+    problem = mismatch(entry, record, verified)
+    if problem is None and verified != before:
+        try:
+            tmp = stamps.with_name(f"{VERIFIED}.{os.getpid()}")
+            tmp.write_text(json.dumps(verified))
+            os.replace(tmp, stamps)
+        except OSError:
+            pass  # a read-only cache: the digests are read again next time
+    return problem
 
 
 def cached_dir(entry: Path, build: Callable[[Path], None]) -> Path:
@@ -78,7 +97,7 @@ def cached_dir(entry: Path, build: Callable[[Path], None]) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp", dir=entry.parent))
         try:
             build(tmp)
-            (tmp / MARKER).write_text(json.dumps(manifest(tmp, exclude=(MARKER,)), indent=1))
+            (tmp / MARKER).write_text(json.dumps(manifest(tmp, exclude=(MARKER, VERIFIED)), indent=1))
             if entry.exists():  # a stale or damaged entry
                 shutil.rmtree(entry)
             os.replace(tmp, entry)

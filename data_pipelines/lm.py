@@ -1,29 +1,24 @@
-"""Language-model data: tokenize documents once (batched `datasets.map`), concatenate them
-with an end-of-text token and pack the stream into fixed-length blocks: zero padding.
+"""Language-model data: a text source tokenized once into the cache, and the split of blocks.
 
-Blocks hold block_size + 1 tokens (inputs are [:-1], targets [1:]); every token of the
-corpus lands in exactly one block (the tail shorter than a block is dropped and counted).
-Every k-th block (k = round(1 / eval_fraction)) is held out for evaluation, at least one. The result is
-cached as .npy files keyed by source, tokenizer and settings, and read memory-mapped.
+`prepare_cached` streams a source (data_pipelines.text_sources) through the sharded
+preparation (data_pipelines.prepare: documents each followed by an end-of-text token,
+tokenized by --workers processes, written as token shards) into a cache entry keyed by the
+source's content and the tokenizer; training reads it as data=prepared does
+(PreparedBlocks): blocks of block_size + 1 tokens (inputs are [:-1], targets [1:]), every
+token in exactly one block (the tail shorter than a block dropped and counted), every k-th
+block (k = round(1 / eval_fraction)) held out, at least one. `pack` and
+`tokenize_documents` are the in-memory form of the same (benchmarks/data_pipeline.py).
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import hashlib
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
-from zoo.run.errors import DataError
-
-
-@dataclass
-class PackedBlocks:
-    train: np.ndarray  # (N_train, block_size + 1) int32, memory-mapped
-    eval: np.ndarray  # (N_eval, block_size + 1)
-    meta: dict
 
 
 def tokenize_documents(docs: List[str], tokenizer_dir: str, num_proc: int = 1) -> List[List[int]]:
@@ -66,41 +61,27 @@ def split_eval(blocks: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np
     return blocks[~held], blocks[held]
 
 
-def prepare_packed_blocks(docs: List[str], tokenizer_dir: str, *, block_size: int, eval_fraction: float,
-                          source_key: str, cache_dir: Optional[str] = None, num_proc: int = 1) -> Path:
-    """Build (or find) the cached packed blocks of `docs`; returns the cache entry."""
-    tok_meta = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
-    key = cache_key(source=source_key, tokenizer=tok_meta, block=block_size, eval=eval_fraction)
-    entry = cache_root(cache_dir) / "datasets" / f"packed-{key}"
+def prepare_cached(source, tokenizer_dir: str, *, cache_dir: Optional[str] = None,
+                   workers: Optional[int] = None) -> Path:
+    """The cache entry holding `source` (a data_pipelines.text_sources.TextSource) tokenized by
+    `tokenizer_dir`: a prepared directory (data_pipelines.prepare's shards, streamed from the
+    source by `workers` processes, never a list of its texts), read like data=prepared. Keyed by
+    the source's content key and the tokenizer, not by block size or split: blocks are cut when
+    read, so another model.block_size reuses it. Built once under the cache's lock (the first
+    rank builds, the others wait), with a progress line every few seconds."""
+    from data_pipelines.prepare import Progress, prepare
+
+    tok_json = Path(tokenizer_dir) / "tokenizer.json"
+    tok_id = hashlib.sha256(tok_json.read_bytes()).hexdigest() if tok_json.exists() else str(tokenizer_dir)
+    entry = cache_root(cache_dir) / "datasets" / f"tokens-{cache_key(source=source.key, tokenizer=tok_id)}"
 
     def build(tmp: Path) -> None:
-        from transformers import AutoTokenizer
-
-        eos_id = AutoTokenizer.from_pretrained(tokenizer_dir).eos_token_id
-        if eos_id is None:
-            raise DataError(f"tokenizer at {tokenizer_dir} has no end-of-text token; packing needs one")
-        doc_ids = tokenize_documents(docs, tokenizer_dir, num_proc)
-        blocks, tail = pack(doc_ids, eos_id, block_size)
-        if len(blocks) < 2:
-            raise DataError(f"the source yields {len(blocks)} blocks of {block_size + 1} tokens; "
-                             f"use more text or a smaller model.block_size")
-        train, held = split_eval(blocks, eval_fraction)
-        np.save(tmp / "train.npy", train)
-        np.save(tmp / "eval.npy", held)
-        counts = np.bincount(train[:, :-1].ravel(), minlength=0)
-        np.save(tmp / "unigram_counts.npy", counts)
-        meta = {"documents": len(docs), "tokens": int(sum(len(d) + 1 for d in doc_ids)),
-                "tail_tokens_dropped": int(tail), "block_size": block_size, "eos_id": int(eos_id),
-                "train_blocks": int(len(train)), "eval_blocks": int(len(held))}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        print(f"zoo: data: tokenizing {source.describe()} into the cache ({entry.name}) once; later runs reuse it",
+              file=sys.stderr, flush=True)
+        prepare(source.name, source.path, str(tokenizer_dir), tmp, text_column=source.column, workers=workers,
+                source=source, progress=Progress(every_s=10.0))
 
     return cached_dir(entry, build)
-
-
-def load_packed_blocks(entry: Path) -> PackedBlocks:
-    return PackedBlocks(train=np.load(entry / "train.npy", mmap_mode="r"),
-                        eval=np.load(entry / "eval.npy", mmap_mode="r"),
-                        meta=json.loads((entry / "meta.json").read_text()))
 
 
 def unigram_perplexity(train: np.ndarray, held: np.ndarray, vocab_size: int) -> float:

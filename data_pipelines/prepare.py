@@ -34,59 +34,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from data_pipelines.lm import held_out
-from data_pipelines.text_sources import TEXT_SUFFIXES, DataError, expand_paths, read_source
-
-
-def stream_texts(name: str, path: str | None, column: str, counts: dict,
-                 part: Optional[Tuple[int, int]] = None) -> Iterator[str]:
-    """Documents one at a time; files are read one by one (streaming for tables). `part`
-    (i, n): only the files of part i of n (data_pipelines.prepare_parts.part_files)."""
-    if name != "files":  # pydoc and hub datasets are read through the in-memory reader
-        yield from read_source(name, path, column).texts
-        return
-    files = expand_paths(path)
-    if part is not None:
-        from data_pipelines.prepare_parts import part_files
-
-        files = part_files(files, *part)
-    for f in files:
-        kind = TEXT_SUFFIXES[f.suffix.lower()]
-        if f.suffix.lower() == ".jsonl":  # line by line: no table of a whole block of the file in memory
-            rows = _jsonl_rows(f)
-        elif kind == "text":
-            raw = f.read_bytes()
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = raw.decode("utf-8", errors="replace")
-                counts["invalid_utf8_replaced"] = counts.get("invalid_utf8_replaced", 0) + 1
-            rows: Iterator = iter([{column: text}])
-        else:
-            import datasets
-
-            rows = iter(datasets.load_dataset(kind, data_files=str(f), split="train", streaming=True))
-        for row in rows:
-            if column not in row:
-                raise DataError(f"{f} has no column {column!r} (columns: {sorted(row)}); set --text-column")
-            text = row[column]
-            if not isinstance(text, str) or not text.strip():
-                counts["empty_skipped"] = counts.get("empty_skipped", 0) + 1
-                continue
-            yield text
-
-
-def _jsonl_rows(f: Path) -> Iterator[dict]:
-    with open(f, encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{f} line {n} is not JSON ({err.msg}): a .jsonl file holds one JSON object a line") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{f} line {n} is a JSON {type(row).__name__}, not an object with a text column")
-            yield row
+from data_pipelines.text_sources import DataError, TextSource, no_text, open_source
 
 
 class Progress:
@@ -246,10 +194,13 @@ def _job(out: Path, job: dict) -> None:
 def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_column: str = "text",
             batch_docs: int = 1000, batch_chars: int = BATCH_CHARS, workers: Optional[int] = None,
             shard_tokens: int = SHARD_TOKENS, part: Optional[Tuple[int, int]] = None,
-            progress: Progress | None = None) -> dict:
-    """Prepare `out` (see the module's docstring); returns its meta.json as a dict."""
+            progress: Progress | None = None, source: Optional[TextSource] = None) -> dict:
+    """Prepare `out` (see the module's docstring); returns its meta.json as a dict. `source`:
+    the source `name` at `path`, already opened (data_pipelines.text_sources.open_source)."""
     import xxhash
     from transformers import AutoTokenizer
+
+    source = source or open_source(name, path, text_column)
 
     workers = workers or max(1, len(os.sched_getaffinity(0)))
     if min(workers, batch_docs, batch_chars, shard_tokens) < 1:
@@ -270,7 +221,7 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     shards = _intact_shards(out)
     skip = shards[-1]["batches"] if shards else 0  # batches already in intact shards: read past, not tokenized
     counts: dict = {}
-    batches = _batches(stream_texts(name, path, text_column, counts, part), batch_docs, batch_chars)
+    batches = _batches(source.texts(counts, part), batch_docs, batch_chars)
     for _ in range(skip):
         if next(batches, None) is None:
             raise DataError(f"--out {out} holds shards of {skip} batches but the source now has fewer: it changed "
@@ -320,7 +271,7 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
         progress.add(0, 0, 0, final=True)
     n_tokens = sum(r["tokens"] for r in shards)
     if n_tokens == 0:
-        raise DataError(f"data source {name} {path or ''} holds no text ({counts})")
+        raise no_text(source, counts)
     unigram = np.zeros(len(tok), dtype=np.int64)
     for i in range(len(shards)):
         unigram += np.load(_counts(out, i))
@@ -425,20 +376,25 @@ class PreparedBlocks:
     k-th block held out, or, given eval_directory (another prepared file), every block of
     this one trained on and every block of that one held out. Rows are read only when indexed."""
 
-    def __init__(self, directory: Path, block_size: int, eval_fraction: float, eval_directory: Path | None = None):
+    def __init__(self, directory: Path, block_size: int, eval_fraction: float, eval_directory: Path | None = None,
+                 *, names: tuple = ()):
+        """`names`: how errors call the directory and the held-out one (default: their paths),
+        e.g. the text source a cache entry was tokenized from."""
         width = block_size + 1
+        name, held_name = (*names, None, None)[:2] if names else (None, None)
         meta, tokens, n, rows = _rows(directory, width)
         if n < (1 if eval_directory else 2):
             blocks = "one block" if eval_directory else "two blocks"
-            raise DataError(f"{directory} holds {len(tokens)} tokens: fewer than {blocks} of {width}")
+            raise DataError(f"{name or directory} holds {len(tokens):,} tokens: fewer than {blocks} of {width} "
+                            f"(model.block_size + 1); give more text or a smaller model.block_size")
         if eval_directory is None:
             held = held_out(n, eval_fraction)
             self.train, self.eval = _Rows(rows, np.flatnonzero(~held)), _Rows(rows, np.flatnonzero(held))
         else:
             _, held_tokens, held_n, held_rows = _rows(eval_directory, width)
             if held_n < 1:
-                raise DataError(f"data.eval_path={eval_directory} holds {len(held_tokens)} tokens: fewer than one "
-                                f"block of {width}; prepare more held-out text")
+                raise DataError(f"data.eval_path={held_name or eval_directory} holds {len(held_tokens):,} tokens: "
+                                f"fewer than one block of {width}; give more held-out text")
             self.train, self.eval = _Rows(rows, np.arange(n)), _Rows(held_rows, np.arange(held_n))
         meta = {**{k: v for k, v in meta.items() if k != "shards"}, "shards": len(meta.get("shards", [None]))}
         self.meta = {**meta, "tail_tokens_dropped": int(len(tokens) - n * width), "train_blocks": len(self.train),

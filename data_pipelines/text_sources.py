@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from zoo.run.errors import DataError
 
@@ -69,34 +70,71 @@ def _column(table, column: str, where: str) -> List:
     return table[column]
 
 
-def _read_files(path: str, column: str, counts: Dict[str, int]) -> List[str]:
+def _count(counts: Dict[str, int], reason: str) -> None:
+    counts[reason] = counts.get(reason, 0) + 1
+
+
+def _text_file(f: Path, counts: Dict[str, int]) -> str:
+    """A .txt file's text: decoded here so invalid bytes are counted, not a crash in a worker."""
+    raw = f.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        _count(counts, "invalid_utf8_replaced")
+        return raw.decode("utf-8", errors="replace")
+
+
+def _jsonl_rows(f: Path) -> Iterator[dict]:
+    """A .jsonl file's rows, line by line (no table of a whole block of the file in memory)."""
+    with open(f, encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{f} line {n} is not JSON ({err.msg}): a .jsonl file holds one JSON object a line") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{f} line {n} is a JSON {type(row).__name__}, not an object with a text column")
+            yield row
+
+
+def _table_rows(f: Path, kind: str) -> Iterator[dict]:
+    """A .json/.parquet/.csv file's rows through `datasets` streaming (a batch at a time)."""
     import datasets
 
-    texts: List[str] = []
-    for f in expand_paths(path):
-        kind = TEXT_SUFFIXES[f.suffix.lower()]
-        if kind == "text":  # decoded here so invalid bytes are counted, not a crash in a worker
-            raw = f.read_bytes()
+    try:
+        rows = iter(datasets.load_dataset(kind, data_files=str(f), split="train", streaming=True))
+        while True:
             try:
-                texts.append(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                texts.append(raw.decode("utf-8", errors="replace"))
-                counts["invalid_utf8_replaced"] = counts.get("invalid_utf8_replaced", 0) + 1
+                row = next(rows)
+            except StopIteration:
+                return
+            yield row
+    except Exception as err:  # datasets raises many types for unreadable files
+        root = err.__cause__ or err.__context__ or err  # datasets wraps the parser's own words
+        why = f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}"
+        raise DataError(f"cannot read {f} as {kind}: {why}; fix the file or leave it out of data.path") from None
+
+
+def _file_texts(files: Sequence[Path], column: str, counts: Dict[str, int]) -> Iterator[str]:
+    for f in files:
+        kind = TEXT_SUFFIXES[f.suffix.lower()]
+        if kind == "text":
+            yield _text_file(f, counts)
             continue
         if f.stat().st_size == 0:  # datasets fails on an empty file with a bare StopIteration
-            counts["empty_files_skipped"] = counts.get("empty_files_skipped", 0) + 1
+            _count(counts, "empty_files_skipped")
             continue
-        try:
-            table = datasets.load_dataset(kind, data_files=str(f), split="train")
-        except Exception as err:  # datasets raises many types for unreadable files
-            root = err.__cause__ or err.__context__ or err  # datasets wraps the parser's own words
-            why = f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else ''}"
-            raise DataError(f"cannot read {f} as {kind}: {why}; fix the file or leave it out of data.path") from None
-        texts.extend(_column(table, column, str(f)))
-    return texts
+        for row in _jsonl_rows(f) if f.suffix.lower() == ".jsonl" else _table_rows(f, kind):
+            if column not in row:
+                raise DataError(f"{f} has no column {column!r} (columns: {sorted(row)}); set data.text_column")
+            yield row[column]
 
 
-def _read_hub(path: str, column: str) -> List[str]:
+def _hub_dataset(path: str, column: str):
+    """The `train` split of a save_to_disk directory, a local directory load_dataset reads, or a
+    Hub name: an Arrow table on disk (memory-mapped), read row by row."""
     import datasets
 
     local = Path(path).expanduser()
@@ -112,45 +150,88 @@ def _read_hub(path: str, column: str) -> List[str]:
         if "train" not in ds:
             raise DataError(f"data.path={path} has no train split (splits: {list(ds)})")
         ds = ds["train"]
-    return list(_column(ds, column, f"data.path={path}"))
+    _column(ds, column, f"data.path={path}")
+    return ds.select_columns([column])
 
 
-def _clean(texts: Sequence, counts: Dict[str, int]) -> List[str]:
-    out = []
+def _kept(texts: Iterable, counts: Dict[str, int]) -> Iterator[str]:
+    """The texts that hold text; the others counted (empty_skipped)."""
     for t in texts:
         if not isinstance(t, str) or not t.strip():
-            counts["empty_skipped"] = counts.get("empty_skipped", 0) + 1
+            _count(counts, "empty_skipped")
             continue
-        out.append(t)
-    return out
+        yield t
 
 
-def read_source(name: str, path: Optional[str] = None, text_column: str = "text") -> Documents:
-    """The documents of one source, empty ones skipped and counted."""
-    counts: Dict[str, int] = {}
+@dataclass
+class TextSource:
+    """One text source, opened (its files listed, its dataset found) but not read: `texts()`
+    streams its documents, as often as asked, never holding them all."""
+
+    name: str
+    path: Optional[str]
+    column: str
+    key: str
+    """Identifies the content (for caches) without reading it: paths with sizes and mtimes, a
+    dataset's fingerprint, settings."""
+    _files: List[Path] = field(default_factory=list, repr=False)
+    _dataset: Any = field(default=None, repr=False)
+
+    def texts(self, counts: Dict[str, int], part: Optional[Tuple[int, int]] = None) -> Iterator[str]:
+        """The documents in order, empty ones skipped and counted into `counts` (also invalid
+        UTF-8, replaced, and empty files). `part` (i, n): the files of part i of n only."""
+        if self.name == "pydoc":
+            from data_pipelines.corpus import pydoc_documents
+
+            yield from _kept(pydoc_documents(), counts)
+        elif self.name == "hub":
+            yield from _kept((row[self.column] for row in self._dataset), counts)
+        else:
+            files = self._files
+            if part is not None:
+                from data_pipelines.prepare_parts import part_files
+
+                files = part_files(files, *part)
+            yield from _kept(_file_texts(files, self.column, counts), counts)
+
+    def describe(self) -> str:
+        return f"data.path={self.path}" if self.path else f"data={self.name}"
+
+
+def open_source(name: str, path: Optional[str] = None, text_column: str = "text") -> TextSource:
+    """The source `name` at `path`: DataError where its files or dataset cannot be found."""
     if name == "pydoc":
         from data_pipelines.corpus import pydoc_documents
 
-        texts = pydoc_documents()
-        key = f"pydoc:{len(texts)}:{sum(map(len, texts))}"
-    elif name in ("files", "hub"):
-        if not path:
-            raise DataError(f"data.name={name} needs data.path (a file, directory or glob"
-                            f"{'' if name == 'files' else ', or a dataset name'})")
-        if name == "files":
-            texts = _read_files(path, text_column, counts)
-            key = f"files:{_fingerprint(expand_paths(path))}:{text_column}"
-        else:
-            texts = _read_hub(path, text_column)
-            key = f"hub:{path}:{text_column}:{len(texts)}:{sum(len(t or '') for t in texts)}"
-    else:
+        texts = pydoc_documents()  # built in and small: its size is its key
+        return TextSource(name, None, text_column, f"pydoc:{len(texts)}:{sum(map(len, texts))}")
+    if name not in ("files", "hub"):
         raise DataError(f"data.name={name!r} is not a text source; use pydoc, files or hub")
-    texts = _clean(texts, counts)
+    if not path:
+        raise DataError(f"data.name={name} needs data.path (a file, directory or glob"
+                        f"{'' if name == 'files' else ', or a dataset name'})")
+    if name == "files":
+        files = expand_paths(path)
+        return TextSource(name, path, text_column, f"files:{_fingerprint(files)}:{text_column}", _files=files)
+    ds = _hub_dataset(path, text_column)
+    return TextSource(name, path, text_column, f"hub:{path}:{text_column}:{ds._fingerprint}", _dataset=ds)
+
+
+def no_text(source: TextSource, counts: Dict[str, int]) -> DataError:
+    """The error of a source that yields no document."""
+    return DataError(f"{source.describe()} holds no text ({counts.get('empty_skipped', 0)} empty records and "
+                     f"{counts.get('empty_files_skipped', 0)} empty files skipped); point data.path at files with text")
+
+
+def read_source(name: str, path: Optional[str] = None, text_column: str = "text") -> Documents:
+    """The documents of one source in memory (BERT's sentence pairs; small sources), empty ones
+    skipped and counted."""
+    source = open_source(name, path, text_column)
+    counts: Dict[str, int] = {}
+    texts = list(source.texts(counts))
     if not texts:
-        raise DataError(f"data.name={name}{' data.path=' + path if path else ''} holds no text "
-                        f"({counts.get('empty_skipped', 0)} empty records and {counts.get('empty_files_skipped', 0)} "
-                        f"empty files skipped); point data.path at files with text")
-    return Documents(texts, key, counts)
+        raise no_text(source, counts)
+    return Documents(texts, source.key, counts)
 
 
 def mix(sources: Sequence[Documents], weights: Sequence[float]) -> Documents:

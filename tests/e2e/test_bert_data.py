@@ -36,7 +36,7 @@ def test_a_file_bert_cannot_parse_is_refused_naming_the_row(run_zoo, tmp_path):
                   check=False)
     lines = [line for line in run.stderr.splitlines() if line.strip() and not line.startswith("zoo: warning:")]
     assert run.returncode == 2 and len(lines) == 1, run.stderr[-2000:]
-    assert "cannot read" in lines[0] and "JSON parse error" in lines[0] and "in row 1" in lines[0], lines[0]
+    assert "bad.jsonl line 2 is not JSON" in lines[0] and "one JSON object a line" in lines[0], lines[0]
     assert "Traceback" not in run.stderr and not run.run_dir.exists()
 
 

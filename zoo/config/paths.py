@@ -46,6 +46,7 @@ def check_paths(cfg, spec) -> None:
             from data_pipelines.text_sources import expand_paths
 
             expand_paths(str(source.get("path") or ""))
+    _check_mixed_prepared(d)
     if d.eval_path is not None:
         _check_eval_path(d, spec)
     if d.name == "prepared" and d.path:
@@ -104,6 +105,37 @@ def _prepared(key: str, path: str) -> Path:
     except DataError as err:
         raise ConfigError(f"{key}={path}: {err}") from None
     return p
+
+
+def _check_mixed_prepared(d) -> None:
+    """data.mix's prepared directories: each intact, all of one tokenizer (the one data.tokenizer
+    names, where set), since the mixture is one token stream."""
+    prepared = [(i, str(m["path"])) for i, m in enumerate(d.mix or [])
+                if isinstance(m, dict) and m.get("name") == "prepared" and m.get("path")]
+    first = None
+    for i, path in prepared:
+        tok = _prepared(f"data.mix[{i}].path", path) / "tokenizer" / "tokenizer.json"
+        if first is None:
+            first = (i, path, tok)
+        elif tok.read_bytes() != first[2].read_bytes():
+            raise ConfigError(f"data.mix[{i}].path={path} was prepared with another tokenizer ({_vocab(tok)} tokens) "
+                              f"than data.mix[{first[0]}].path={first[1]} ({_vocab(first[2])} tokens): a mixture is "
+                              f"one token stream; prepare both with one --tokenizer")
+    if first is not None and d.tokenizer:
+        given = Path(d.tokenizer).expanduser() / "tokenizer.json"
+        if given.exists() and given.read_bytes() != first[2].read_bytes():
+            raise ConfigError(f"data.tokenizer={d.tokenizer} is not the tokenizer data.mix[{first[0]}].path={first[1]} "
+                              f"was prepared with; drop data.tokenizer (the mixture uses the prepared one) or prepare "
+                              f"with it")
+
+
+def _vocab(tokenizer_json: Path) -> str:
+    import json
+
+    try:
+        return f"{len(json.loads(tokenizer_json.read_text())['model']['vocab']):,}"
+    except (ValueError, KeyError, TypeError):
+        return "?"
 
 
 def _check_eval_path(d, spec) -> None:

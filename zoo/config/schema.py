@@ -116,8 +116,10 @@ class DataSource:
     """A held-out source in data.path's forms (a file, directory or glob; with data=hub a dataset
     name or directory): evaluation reads it instead of a data.eval_fraction split (GPT, Llama)."""
     mix: List[Dict[str, Any]] = field(default_factory=list)
-    """Weighted text sources, e.g. [{name: files, path: a.jsonl, weight: 3}, {name: pydoc, weight: 1}];
-    when set it replaces data.name/data.path."""
+    """Weighted sources, e.g. [{name: files, path: a.jsonl, weight: 3}, {name: pydoc, weight: 1}];
+    when set it replaces data.name/data.path. GPT and Llama: also {name: prepared, path: DIR}
+    entries, and the weights are shares of the tokens (each source's blocks repeated or cut);
+    BERT: text sources, shares of the characters."""
 
 
 @dataclass
@@ -133,9 +135,9 @@ class DataConfig(DocumentDataKeys, MaskingDataKeys, ImageDataKeys, DataSource):
     """Vocabulary size of a tokenizer trained here."""
     eval_fraction: float = 0.05
     """Share of the source held out for evaluation."""
-    num_proc: int = 1
-    """GPT and Llama: processes tokenizing in `datasets.map` (batched, fast tokenizer) when text is
-    tokenized into the cache."""
+    num_proc: Optional[int] = None
+    """GPT and Llama: processes tokenizing a text source into the cache (data_pipelines.prepare's
+    --workers: the source streamed, the same tokens for any number). None: one per core."""
     num_workers: int = 0
     """DataLoader worker processes per rank preparing the next step's batches; 0: one
     background thread."""

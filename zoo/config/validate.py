@@ -199,12 +199,22 @@ def _check_data(cfg: Config, spec) -> None:
              f"data=files or data=hub with model.init_from, or drop model.init_from")
     _check_data_keys(cfg, spec)
     if d.mix:
-        require(spec.mixes_data, f"data.mix mixes text sources for the families that read several "
-                                  f"({sorted(n for n, s in FAMILIES.items() if s.mixes_data)}); "
-                                  f"model.family={family} reads one source")
+        require(bool(spec.mix_sources), f"data.mix mixes text sources for the families that read several "
+                                        f"({sorted(n for n, s in FAMILIES.items() if s.mix_sources)}); "
+                                        f"model.family={family} reads one source")
+        names = ", ".join(spec.mix_sources)
         for m in d.mix:
-            require(isinstance(m, dict) and m.get("name") in ("pydoc", "files", "hub"),
-                     f"data.mix entry {m} needs name: pydoc, files or hub (and path, weight)")
+            require(isinstance(m, dict) and m.get("name") in spec.mix_sources,
+                     f"data.mix entry {m} needs name: {names} (and path, weight) for model.family={family}")
+            weight = m.get("weight", 1.0)
+            require(isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0,
+                     f"data.mix entry {m}: weight={weight!r} must be a positive number (its share of the mixture)")
+            require(m["name"] == "pydoc" or bool(m.get("path")),
+                     f"data.mix entry {m} needs a path: a file, directory or glob (files), a dataset (hub) or "
+                     f"the output of python -m data_pipelines.prepare (prepared)")
+        require(not (cfg.model.init_from and any(m["name"] == "prepared" for m in d.mix)),
+                 f"model.init_from={cfg.model.init_from} with a prepared directory in data.mix: a prepared file "
+                 f"trains zoo's own initialisation only; give its text as a files or hub entry, or drop model.init_from")
 
 
 def _check_data_keys(cfg: Config, spec) -> None:

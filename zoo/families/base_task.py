@@ -240,18 +240,30 @@ class TextDocuments:
         tok_dir = own_tokenizer(cfg.data, cfg.model.init_from)
         return meta, tok_dir or str(train_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
 
-    def _held_out_documents(self):
-        """data.eval_path's documents (read as data.path is), or None; their counts join
-        self.data_counts as eval_*."""
+    def _held_out_source(self):
+        """data.eval_path's source (opened as data.path is, not read), or None."""
         d = self.cfg.data
         if not d.eval_path:
             return None
-        from data_pipelines.text_sources import as_eval_path_error, read_source
+        from data_pipelines.text_sources import as_eval_path_error, open_source
         from zoo.run.errors import DataError
 
         try:
-            held = read_source("hub" if d.name == "hub" else "files", d.eval_path, d.text_column)
+            return open_source("hub" if d.name == "hub" else "files", d.eval_path, d.text_column)
         except DataError as err:
             raise as_eval_path_error(err, d.eval_path) from None
-        self.data_counts.update({f"eval_{k}": v for k, v in held.counts.items()})
-        return held
+
+    def _held_out_documents(self):
+        """data.eval_path's documents in memory (read as data.path is), or None; their counts join
+        self.data_counts as eval_*."""
+        source = self._held_out_source()
+        if source is None:
+            return None
+        from data_pipelines.text_sources import Documents, as_eval_path_error, no_text
+
+        counts: dict = {}
+        texts = list(source.texts(counts))
+        if not texts:
+            raise as_eval_path_error(no_text(source, counts), self.cfg.data.eval_path)
+        self.data_counts.update({f"eval_{k}": v for k, v in counts.items()})
+        return Documents(texts, source.key, counts)

@@ -32,11 +32,20 @@ class CausalLMTask(TextDocuments, Task):
         return spec.shape_type(**meta, **({"dropout": cfg.model.dropout} if "dropout" in names else {}))
 
     def prepare(self, run_dir: Path, rank: int) -> None:
+        """The token blocks: every source is a prepared directory (data=prepared's own, or a text
+        source streamed into the cache by data_pipelines.prepare), blocks cut when read; with
+        data.mix several, mixed by tokens (data_pipelines.mixture)."""
         cfg = self.cfg
-        if cfg.data.name == "prepared":  # pre-tokenized, memory-mapped (python -m data_pipelines.prepare)
-            self._prepare_pretokenized(run_dir, rank)
+        if cfg.data.mix:
+            self._prepare_mixture()
+        elif cfg.data.name == "prepared":  # pre-tokenized, memory-mapped (python -m data_pipelines.prepare)
+            self._prepare_pretokenized()
         else:
-            self._prepare_documents(run_dir, rank)
+            self._prepare_documents()
+        if rank == 0:
+            from data_pipelines.tokenizer import save_tokenizer
+
+            save_tokenizer(self.tokenizer_dir, run_dir / "tokenizer")  # its own files: not an import's weights
         self.stream = SampleStream(len(self.blocks.train), cfg.trainer.seed)
         # data.document_mask: the token that ends each document in the packed blocks.
         self.document_end = int(self.blocks.meta["eos_id"]) if cfg.data.document_mask else None
@@ -49,50 +58,54 @@ class CausalLMTask(TextDocuments, Task):
         model.document_end = self.document_end  # the sample is generated as the model was trained
         return model
 
-    def _prepare_pretokenized(self, run_dir: Path, rank: int) -> None:
+    def _held_directory(self):
+        cfg = self.cfg
+        return Path(cfg.data.eval_path).expanduser() if cfg.data.eval_path else None
+
+    def _prepare_pretokenized(self) -> None:
         from transformers import AutoTokenizer
 
         from data_pipelines.prepare import PreparedBlocks
 
         cfg, path = self.cfg, Path(self.cfg.data.path)
         self.init_state = None
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+        self.tokenizer_dir = str(path / "tokenizer")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
         self.shape = self._shape()
-        held = Path(cfg.data.eval_path).expanduser() if cfg.data.eval_path else None
-        self.blocks = PreparedBlocks(path, self.shape.block_size, cfg.data.eval_fraction, eval_directory=held)
+        self.blocks = PreparedBlocks(path, self.shape.block_size, cfg.data.eval_fraction,
+                                     eval_directory=self._held_directory())
         self.data_counts = dict(self.blocks.meta.get("skipped", {}))
-        if rank == 0 and not (run_dir / "tokenizer").exists():
-            self.tokenizer.save_pretrained(str(run_dir / "tokenizer"))
 
-    def _prepare_documents(self, run_dir: Path, rank: int) -> None:
-        from data_pipelines.lm import load_packed_blocks, prepare_packed_blocks
-        from data_pipelines.text_sources import read_documents
-        from data_pipelines.tokenizer import LazyTokenizer, load_tokenizer, save_tokenizer, train_gpt_tokenizer
+    def _tokenized(self, source, tok_dir: str, eval_path: bool = False) -> Path:
+        """`source` (a TextSource) streamed into the cache by `tok_dir`: its prepared directory."""
+        from data_pipelines.lm import prepare_cached
+        from data_pipelines.text_sources import as_eval_path_error
+        from zoo.run.errors import DataError
+
+        d = self.cfg.data
+        try:
+            return prepare_cached(source, tok_dir, cache_dir=d.cache_dir, workers=d.num_proc)
+        except DataError as err:
+            if eval_path:  # too little text is said of data.eval_path
+                raise as_eval_path_error(err, d.eval_path) from None
+            raise
+
+    def _text_tokenizer(self, sources, key: str):
+        """(model.init_from's dimensions or None, the tokenizer directory) for text `sources`: a
+        tokenizer trained here streams them all (no list of their texts)."""
+        from data_pipelines.tokenizer import train_gpt_tokenizer
+
+        texts = (t for s in sources for t in s.texts({}))
+        return self._import_and_tokenizer(texts, key, train_gpt_tokenizer, self.cfg.model.vocab_pad_multiple)
+
+    def _finish_text(self, meta, tok_dir: str) -> None:
+        """The tokenizer and the model's shape, once the blocks are known; an import's vocabulary
+        must hold the tokenizer's."""
+        from data_pipelines.tokenizer import LazyTokenizer, load_tokenizer
 
         cfg = self.cfg
-        documents = read_documents(cfg.data)
-        docs, source_key, self.data_counts = documents.texts, documents.key, documents.counts
-        meta, tok_dir = self._import_and_tokenizer(docs, source_key, train_gpt_tokenizer, cfg.model.vocab_pad_multiple)
-        block = meta["block_size"] if meta is not None else self.spec.shape(cfg.model).block_size
-        pack = dict(block_size=block, cache_dir=cfg.data.cache_dir, num_proc=cfg.data.num_proc)
-        entry = prepare_packed_blocks(docs, tok_dir, eval_fraction=0.0 if cfg.data.eval_path else cfg.data.eval_fraction,
-                                      source_key=source_key, **pack)
-        if rank == 0:
-            save_tokenizer(tok_dir, run_dir / "tokenizer")  # its own files: not an imported model's weights
+        self.tokenizer_dir = tok_dir
         self.tokenizer = LazyTokenizer(tok_dir) if os.path.isdir(tok_dir) else load_tokenizer(tok_dir)
-        self.blocks = load_packed_blocks(entry)
-        held = self._held_out_documents()
-        if held is not None:  # a held-out source of its own: all of its blocks are the eval split
-            from data_pipelines.lm import PackedBlocks
-            from data_pipelines.text_sources import as_eval_path_error
-            from zoo.run.errors import DataError
-
-            try:  # too few tokens for one block is said of data.eval_path
-                held_entry = prepare_packed_blocks(held.texts, tok_dir, eval_fraction=0.0, source_key=held.key, **pack)
-            except DataError as err:
-                raise as_eval_path_error(err, cfg.data.eval_path) from None
-            self.blocks = PackedBlocks(train=self.blocks.train, eval=load_packed_blocks(held_entry).train,
-                                       meta=self.blocks.meta)
         self.shape = self._shape(meta)
         if meta is not None:
             own = meta.get("vocab_real") or meta["vocab_size"]
@@ -102,6 +115,60 @@ class CausalLMTask(TextDocuments, Task):
                 raise ConfigError(f"the tokenizer has {len(self.tokenizer)} tokens and model.init_from="
                                   f"{cfg.model.init_from} a vocabulary of {own}; give data.tokenizer= (or "
                                   f"data.vocab_size=) of at most {own} tokens, or the model's own tokenizer")
+
+    def _block_size(self, meta) -> int:
+        return meta["block_size"] if meta is not None else self.spec.shape(self.cfg.model).block_size
+
+    def _prepare_documents(self) -> None:
+        from data_pipelines.prepare import PreparedBlocks
+        from data_pipelines.text_sources import open_source
+
+        d = self.cfg.data
+        source = open_source(d.name, d.path, d.text_column)
+        meta, tok_dir = self._text_tokenizer([source], source.key)
+        entry = self._tokenized(source, tok_dir)
+        held = self._held_out_source()
+        held_entry = None if held is None else self._tokenized(held, tok_dir, eval_path=True)
+        self.blocks = PreparedBlocks(entry, self._block_size(meta), 0.0 if held else d.eval_fraction,
+                                     eval_directory=held_entry, names=(source.describe(), d.eval_path))
+        self.data_counts = dict(self.blocks.meta.get("skipped", {}))
+        if held_entry is not None:
+            from data_pipelines.prepare import TokenShards
+
+            skipped = TokenShards(held_entry).meta.get("skipped", {})
+            self.data_counts.update({f"eval_{k}": v for k, v in skipped.items()})
+        self._finish_text(meta, tok_dir)
+
+    def _prepare_mixture(self) -> None:
+        """data.mix: text sources tokenized into the cache and prepared directories, one tokenizer
+        for all (a prepared directory's, data.tokenizer, init_from's, or one trained on the text
+        sources), mixed by tokens."""
+        from data_pipelines.mixture import MixedBlocks
+        from data_pipelines.prepare import PreparedBlocks
+        from data_pipelines.text_sources import open_source
+
+        d = self.cfg.data
+        texts = {i: open_source(m["name"], m.get("path"), m.get("text_column", d.text_column))
+                 for i, m in enumerate(d.mix) if m["name"] != "prepared"}
+        prepared = {i: Path(str(m["path"])).expanduser() for i, m in enumerate(d.mix) if m["name"] == "prepared"}
+        self.init_state, meta = None, None
+        if prepared:  # their tokenizer (validation checked that they share one, and data.tokenizer is it)
+            tok_dir = str(prepared[min(prepared)] / "tokenizer")
+        else:
+            meta, tok_dir = self._text_tokenizer(list(texts.values()), "mix:" + ",".join(s.key for s in texts.values()))
+        dirs = {**prepared, **{i: self._tokenized(s, tok_dir) for i, s in texts.items()}}
+        held = self._held_out_source()
+        held_entry = None if held is None else self._tokenized(held, tok_dir, eval_path=True)
+        block = self._block_size(meta)
+        names = [f"{m['name']}{' ' + str(m['path']) if m.get('path') else ''}" for m in d.mix]
+        parts = [PreparedBlocks(dirs[i], block, 0.0 if held_entry else d.eval_fraction, names=(names[i],))
+                 for i in range(len(d.mix))]
+        self.blocks = MixedBlocks(parts, [float(m.get("weight", 1.0)) for m in d.mix], names)
+        if held_entry is not None:  # a held-out source of its own: all of its blocks are the eval split
+            self.blocks.eval = PreparedBlocks(held_entry, block, 0.0, names=(d.eval_path,)).train
+            self.blocks.meta["eval_blocks"] = len(self.blocks.eval)
+        self.data_counts = dict(self.blocks.meta.get("skipped", {}))
+        self._finish_text(meta, tok_dir)
 
     def model_meta(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self.shape).items() if k != "dropout"}
@@ -143,7 +210,7 @@ class CausalLMTask(TextDocuments, Task):
             "unigram_perplexity": self._unigram_perplexity(),
             # What reading and packing skipped or repaired, counted (nothing is dropped silently).
             "data": {**self.data_counts, **{k: self.blocks.meta[k] for k in ("documents", "tokens", "tail_tokens_dropped",
-                                                                             "train_blocks", "eval_blocks")
+                                                                             "train_blocks", "eval_blocks", "mix")
                                             if k in self.blocks.meta}}}
         n = self.cfg.trainer.sample_tokens
         if n > 0 and model is not None:

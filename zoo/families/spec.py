@@ -85,8 +85,9 @@ class FamilySpec:
     grouped-query heads); None: `tp_rules` for every shape."""
     hf: Optional[HFConverter] = None
     """Import (`model.init_from`) and `zoo.export`; None: neither."""
-    mixes_data: bool = False
-    """Accepts `data.mix` (several text sources)."""
+    mix_sources: Tuple[str, ...] = ()
+    """The sources a `data.mix` entry may name (GPT and Llama: prepared directories too, mixed by
+    tokens; BERT: text sources, mixed by characters); empty: no data.mix."""
     generates_text: bool = False
     """Samples text at the end (`trainer.sample_tokens`)."""
     planner: Optional[Callable[[Any, int], Any]] = None

@@ -25,15 +25,21 @@ def manifest(directory: Path, *, exclude: tuple = ()) -> Dict[str, dict]:
     return {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "xxh3_64": digest(p)} for p in files}
 
 
-def mismatch(directory: Path, record: Dict[str, dict]) -> Optional[str]:
-    """The first file under `directory` that differs from `record`, said in words; None if all match."""
+def mismatch(directory: Path, record: Dict[str, dict], verified: Optional[Dict[str, list]] = None) -> Optional[str]:
+    """The first file under `directory` that differs from `record`, said in words; None if all match.
+    `verified` ({name: [size, mtime_ns]} of files whose digest was read before): those still of that
+    size and modification time are not read again; the files read here are added to it."""
     for name, want in record.items():
         f = directory / name
         if not f.is_file():
             return f"{name} is missing"
-        size = f.stat().st_size
-        if size != want["bytes"]:
-            return f"{name} has {size} bytes, {want['bytes']} were written"
+        st = f.stat()
+        if st.st_size != want["bytes"]:
+            return f"{name} has {st.st_size} bytes, {want['bytes']} were written"
+        if verified is not None and verified.get(name) == [st.st_size, st.st_mtime_ns]:
+            continue
         if digest(f) != want["xxh3_64"]:
             return f"{name} does not match its checksum (its bytes changed after it was written)"
+        if verified is not None:
+            verified[name] = [st.st_size, st.st_mtime_ns]
     return None

@@ -63,3 +63,10 @@ def test_training_on_prepared_data_and_on_a_mixture(tmp_path, run_zoo):
     mixed = run_zoo("debug=fast", "trainer.max_steps=2", "trainer.sample_tokens=0",
                     f"data.mix=[{{name: files, path: '{src}', weight: 1}}, {{name: pydoc, weight: 2}}]")
     assert mixed.summary["data"]["documents"] > 79
+    # A prepared directory in a mixture, by tokens: pydoc is tokenized with its tokenizer, three times its share.
+    both = run_zoo("debug=fast", "trainer.max_steps=2", "trainer.sample_tokens=0", "model.block_size=64",
+                   f"data.mix=[{{name: prepared, path: '{tmp_path / 'prep'}', weight: 1}}, {{name: pydoc, weight: 3}}]")
+    shares = [s["share_of_tokens"] for s in both.summary["data"]["mix"]]
+    assert abs(shares[0] - 0.25) < 0.01 and abs(shares[1] - 0.75) < 0.01, both.summary["data"]["mix"]
+    assert (both.run_dir / "tokenizer" / "tokenizer.json").read_bytes() == \
+        (tmp_path / "prep" / "tokenizer" / "tokenizer.json").read_bytes()

@@ -133,6 +133,14 @@ def check(cfg: Config, world=None, cuda=False):
     (["data=prepared", "data.path=p", "data.text_column=body"], r"data.text_column='body' is read by "
                                                                  r"data=files\|data=hub; you chose data=prepared"),
     (["data.mix=[{name: pydoc}]", "data.path=a.txt"], r"data.path='a.txt' is not read with data.mix"),
+    (["model=bert", "data.mix=[{name: prepared, path: p}]"], r"data.mix entry \{'name': 'prepared', 'path': 'p'\} "
+                                                            r"needs name: pydoc, files, hub \(and path, weight\) for "
+                                                            r"model.family=bert"),
+    (["data.mix=[{name: pydoc, weight: 0}]"], r"weight=0 must be a positive number \(its share of the mixture\)"),
+    (["data.mix=[{name: pydoc, weight: lots}]"], r"weight='lots' must be a positive number"),
+    (["data.mix=[{name: files}]"], r"data.mix entry \{'name': 'files'\} needs a path: a file"),
+    (["model.init_from=/x", "data.mix=[{name: prepared, path: p}]"], r"model.init_from=/x with a prepared "
+                                                                     r"directory in data.mix"),
     (["data.tokenizer=tok", "data.vocab_size=1000"], r"data.vocab_size=1000 sizes a tokenizer trained on the data, "
                                                      r"but data.tokenizer=tok is used"),
 ])
