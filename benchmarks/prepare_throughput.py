@@ -13,6 +13,12 @@ of --workers. For each: wall time, MB/s, tokens/s, CPU% (user + system over wall
 process tree) and the peak memory of the process tree (proportional set size, so that the pages
 forked workers share with the main process count once; sampled every 0.1 s).
 Then prepare's peak on a corpus of --small-mb against --mb (target: within 10%, under 500 MB).
+
+Last, the first training run on each corpus (`python -m zoo.train data=files data.path=CORPUS
+data.tokenizer=TOK trainer.max_steps=1`, an empty cache): its time to the end of the first
+step and the data phase inside it (the streamed preparation into the cache), the preparation's
+throughput there, and the run's peak memory (PSS of its process tree) on --small-mb against --mb.
+A second run on the same corpus finds the cache (its data phase is printed too).
 """
 from __future__ import annotations
 
@@ -125,6 +131,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=200)
     ap.add_argument("--small-mb", type=float, default=50)
     ap.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4])
+    ap.add_argument("--no-first-run", dest="first_run", action="store_false",
+                    help="leave out the first zoo.train data=files runs")
     a = ap.parse_args()
     if a.mb <= 0 or a.small_mb <= 0 or any(w < 1 for w in a.workers):
         ap.error("--mb and --small-mb must be positive and every --workers at least 1")
@@ -164,9 +172,43 @@ def main() -> None:
     print(f"prepare's peak PSS (process tree): {small_bytes / 1e6:.0f} MB corpus {small_run['peak'] / 1e6:.0f} MB, "
           f"{big_bytes / 1e6:.0f} MB corpus {big_peak / 1e6:.0f} MB: ratio {big_peak / small_run['peak']:.2f} "
           f"(target within 10%, under 500 MB)")
+    if a.first_run:
+        first_runs(work, tok_dir, {"small": (small, small_bytes), "big": (big, big_bytes)})
     import shutil
 
     shutil.rmtree(work)
+
+
+def _start_line(err: str) -> str:
+    return next((line for line in err.splitlines() if line.startswith("zoo: start:")), "(no start line)")
+
+
+def _phase(line: str, name: str) -> float:
+    import re
+
+    m = re.search(rf"\b{name} ([0-9.]+)", line)
+    return float(m.group(1)) if m else float("nan")
+
+
+def first_runs(work: Path, tok_dir, corpora: dict) -> None:
+    """The first `zoo.train data=files` run on each corpus with an empty cache, then a second one."""
+    print(f"{'first training run':28} {'to step 1 s':>11} {'data s':>7} {'MB/s':>6} {'peak PSS MB':>12}")
+    peaks = {}
+    for name, (path, size) in corpora.items():
+        for attempt in ("first", "again"):
+            cmd = [sys.executable, "-m", "zoo.train", "data=files", f"data.path={path}", f"data.tokenizer={tok_dir}",
+                   "trainer.max_steps=1", "trainer.sample_tokens=0", "trainer.eval_batches=1", "logger=none",
+                   f"hydra.run.dir={work / f'run-{name}-{attempt}'}"]
+            r = measured(cmd, env={"ZOO_CACHE": str(work / f"cache-{name}"), "WANDB_MODE": "disabled"})
+            line = _start_line(r["err"] + r["out"])
+            data = _phase(line, "data")
+            to_first = float(line.split("zoo: start: ")[1].split(" s")[0]) if "zoo: start: " in line else float("nan")
+            print(f"{f'{size / 1e6:.0f} MB corpus, {attempt} run':28} {to_first:>11.1f} {data:>7.1f} "
+                  f"{size / 1e6 / data if attempt == 'first' else float('nan'):>6.2f} {r['peak'] / 1e6:>12.0f}")
+            if attempt == "first":
+                peaks[name] = r["peak"]
+    print(f"first run's peak PSS: {peaks['small'] / 1e6:.0f} MB on the small corpus, {peaks['big'] / 1e6:.0f} MB on "
+          f"the big one: ratio {peaks['big'] / peaks['small']:.2f} (target within 10%)")
 
 
 if __name__ == "__main__":

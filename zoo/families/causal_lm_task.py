@@ -78,8 +78,8 @@ class CausalLMTask(TextDocuments, Task):
 
     def _tokenized(self, source, tok_dir: str, eval_path: bool = False) -> Path:
         """`source` (a TextSource) streamed into the cache by `tok_dir`: its prepared directory."""
-        from data_pipelines.lm import prepare_cached
         from data_pipelines.text_sources import as_eval_path_error
+        from data_pipelines.token_cache import prepare_cached
         from zoo.run.errors import DataError
 
         d = self.cfg.data

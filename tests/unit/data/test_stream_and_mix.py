@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from data_pipelines import text_sources
-from data_pipelines.lm import prepare_cached
 from data_pipelines.mixture import MixedBlocks
 from data_pipelines.prepare import PreparedBlocks, TokenShards, prepare
 from data_pipelines.text_sources import open_source
+from data_pipelines.token_cache import prepare_cached
 from data_pipelines.tokenizer import train_gpt_tokenizer
 from zoo.run.errors import DataError
 
