@@ -15,6 +15,7 @@ from data_pipelines.prepare import PreparedBlocks, TokenShards, prepare
 from data_pipelines.text_sources import open_source
 from data_pipelines.token_cache import prepare_cached
 from data_pipelines.tokenizer import train_gpt_tokenizer
+from tests.conftest import REPO
 from zoo.run.errors import DataError
 
 
@@ -148,3 +149,27 @@ def test_prepared_directories_of_different_tokenizers_are_refused_before_launch(
     cfg.data.mix = [{"name": "prepared", "path": str(tmp_path / "nothing")}]
     with pytest.raises(ConfigError, match=r"data.mix\[0\].path=.*nothing: no such directory"):
         check_paths(cfg, family("gpt"))
+
+
+def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(tmp_path):
+    """GPT-2's byte-level pre-tokenizer: a document of megabytes goes to the tokenizer in pieces
+    cut after lone newlines, and gives the ids of the whole (whitespace runs, blank lines, code)."""
+    import glob
+
+    from tokenizers import Tokenizer
+
+    from data_pipelines.prepare import _Tokenize, pieces, splits_exactly
+
+    texts = [open(f, errors="replace").read() for f in sorted(glob.glob(str(REPO / "zoo" / "**" / "*.py"),
+                                                                        recursive=True))]
+    long = "\n\n".join(texts) + "  \n  trailing   \n\n"
+    assert len(pieces(long)) > 10 and "".join(pieces(long)) == long
+    tok = train_gpt_tokenizer(texts[:40], 1000, "test-pieces", cache_dir=str(tmp_path))
+    backend = (tok / "tokenizer.json").read_text()
+    assert splits_exactly(json.loads(backend))
+    whole = Tokenizer.from_str(backend).encode_batch([long, *texts[:5]], add_special_tokens=False)
+    want = np.concatenate([np.asarray([*e.ids, 7], dtype=np.uint16) for e in whole])
+    assert np.array_equal(_Tokenize(backend, 7, "uint16", threads=True)([long, *texts[:5]]), want)
+    spm = {"normalizer": None, "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}}
+    assert not splits_exactly(spm)
+    assert not splits_exactly({"normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True}})
