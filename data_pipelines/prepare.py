@@ -68,28 +68,31 @@ GROUP_CHARS = 1 << 18  # text per encode call: the encodings (tens of bytes a to
 
 
 def splits_exactly(backend: dict) -> bool:
-    """Whether cutting a text after a newline between two non-space characters leaves its ids
-    unchanged: true for GPT-2's byte-level pre-tokenizer (its regex makes that newline a
-    pre-token of its own, and BPE merges only inside a pre-token) with no normalizer; other
-    tokenizers (SentencePiece's Metaspace prepends a space to every piece) get whole documents."""
+    """Whether cutting a text where `pieces` cuts leaves its ids unchanged: true for GPT-2's
+    byte-level pre-tokenizer (the cut falls between two of its pre-tokens, and BPE merges only
+    inside a pre-token) with no normalizer; other tokenizers (SentencePiece's Metaspace
+    prepends a space to every piece) get whole documents."""
     pre = backend.get("pre_tokenizer") or {}
     return (backend.get("normalizer") is None and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
             and not pre.get("add_prefix_space", False))  # a space before every piece would change its first token
 
 
 def pieces(text: str, size: int = PIECE_CHARS) -> List[str]:
-    """`text` cut, after about every `size` characters, after a newline between two non-space
-    characters (GPT-2's regex makes that newline a pre-token of its own, at a text's end too)."""
+    """`text` cut after about every `size` characters, before the last space or newline of a
+    run of them that a printable ASCII character follows. GPT-2's regex gives the same
+    pre-tokens there: in the whole text the run but its last character is one pre-token (the
+    last one starts the next, or joins the word after it as its leading space), and at the end
+    of a piece the run but its last character is one pre-token too."""
     import re
 
     out, start = [], 0
-    boundary = re.compile(r"(?<=\S)\n(?=\S)")  # a lone newline: a whitespace run at a piece's end would join
+    boundary = re.compile(r"(?<=[ \n!-~])(?=[ \n][!-~])")
     while len(text) - start > size:
         m = boundary.search(text, start + size)
         if m is None:
             break
-        out.append(text[start:m.end()])
-        start = m.end()
+        out.append(text[start:m.start()])
+        start = m.start()
     out.append(text[start:])
     return out
 
