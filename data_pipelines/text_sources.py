@@ -1,15 +1,17 @@
-"""Text sources: the embedded corpus, local files through `datasets`, Hugging Face datasets,
-and weighted mixtures of them, read into documents with bad data counted, never dropped
-silently.
+"""Text sources: the embedded corpus, local files, Hugging Face datasets, and (for BERT)
+weighted mixtures of them, with bad data counted, never dropped silently.
 
 - `pydoc`: the Python documentation inside CPython (no download).
 - `files`: `data.path` is a file, a directory or a glob of .txt (one document per file),
   .jsonl/.json, .parquet or .csv files (the `data.text_column` column, default `text`).
 - `hub`: `data.path` is a `save_to_disk` directory, a local directory `load_dataset` reads,
   or a Hub dataset name (needs the network); its `train` split's text column.
-- mixtures: `data.mix=[{name: files, path: a.jsonl, weight: 3}, {name: pydoc, weight: 1}]`;
-  each source contributes documents in proportion to its weight (by characters, sources
-  repeated or cut deterministically).
+
+`open_source` finds a source without reading it; its `texts()` streams the documents (files
+one by one, jsonl line by line, tables and datasets row by row), which is how GPT and Llama
+tokenize a source into the cache (data_pipelines.token_cache). `read_source` holds them in a
+list (BERT's sentence pairs), and `mix` mixes such lists by characters (BERT's data.mix; GPT
+and Llama mix prepared corpora by tokens: data_pipelines.mixture).
 """
 from __future__ import annotations
 

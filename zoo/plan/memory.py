@@ -27,7 +27,7 @@ optimizer states, what it writes) to host memory.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List
 
 from zoo.plan.layout import PlanLayout, stage_layer_counts
@@ -49,10 +49,12 @@ class MemoryEstimate:
     """Activations kept for backward, plus recomputation's working set."""
     buffers: float = 0
     """Communication buffers (reduce bucket, gathered ZeRO-3 parameters, pipeline receives)."""
+    runtime: float = 0
+    """What a rank takes before any model (the cluster's runtime_gb): on CPU the resident runtime."""
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.runtime
 
     def as_dict(self) -> Dict[str, int]:
         out = {k: int(round(v)) for k, v in asdict(self).items()}
@@ -127,12 +129,14 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
 
 
 def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_parallel: bool = True,
-                  bucket_elems: int = 500_000_000) -> MemoryEstimate:
+                  bucket_elems: int = 500_000_000, runtime_bytes: float = 0.0) -> MemoryEstimate:
     """The heaviest accelerator of the layout: the first pipeline stage (most micro-batches in
-    flight, the embedding) or the last (the output layer and its logits)."""
+    flight, the embedding) or the last (the output layer and its logits); with `runtime_bytes`
+    (a rank's memory before any model) added."""
     stages = {0, lay.pp - 1}
-    return max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
-                             bucket_elems=bucket_elems) for s in stages), key=lambda m: m.total)
+    heaviest = max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
+                                 bucket_elems=bucket_elems) for s in stages), key=lambda m: m.total)
+    return replace(heaviest, runtime=runtime_bytes)
 
 
 @dataclass(frozen=True)

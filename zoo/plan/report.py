@@ -164,6 +164,8 @@ def render_text(p: Plan) -> str:
     out = head + ["", "Why:"] + why + [""] + [textwrap.fill(line, WIDTH, subsequent_indent="  ") for line in out]
     out += [f"Best {min(p.plan.top, len(p.candidates))} of {len(p.candidates)} (memory in GB per GPU):", HEADER]
     out += [_row(i + 1, x) for i, x in enumerate(p.candidates[:p.plan.top])]
+    if c.runtime_gb > 0:
+        out.append(f"  (total includes {c.runtime_gb:g} GB a rank takes before any model: cluster.runtime_gb)")
     out += ["", "Device topology of the recommended layout:"]
     if p.plan.verbose:
         from zoo.parallel.topology import describe_grid  # imports DeepSpeed: only the full diagram needs it

@@ -29,6 +29,11 @@ class ClusterConfig:
     """Accelerators per node (the tensor-parallel group stays inside one node)."""
     gpu_mem_gb: float = 80.0
     """Memory of one accelerator, GB (1e9 bytes)."""
+    runtime_gb: float = 0.0
+    """Memory of one rank that no model takes, GB, added to every layout's estimate: on CPU,
+    where a rank's resident memory is its device memory, the interpreter with torch, DeepSpeed
+    and zoo imported, its process group and engine (the cpu preset's value is measured); on a
+    GPU the CUDA context, outside torch's allocator (not measured yet: 0)."""
     host_mem_gb: float = 1024.0
     """Host memory (RAM) of one node, GB: checkpoint transitions pass through it (zoo.plan.memory.host_memory)."""
     peak_tflops: float = 312.0
@@ -126,6 +131,9 @@ def check_cluster(c: ClusterConfig) -> None:
     _positive(c.gpus_per_node, "cluster.gpus_per_node", "set the accelerators of one node, e.g. cluster.gpus_per_node=8")
     _positive(c.gpu_mem_gb, "cluster.gpu_mem_gb", "set one accelerator's memory in GB, e.g. cluster.gpu_mem_gb=80")
     _positive(c.host_mem_gb, "cluster.host_mem_gb", "set one node's RAM in GB, e.g. cluster.host_mem_gb=2048")
+    if not c.runtime_gb >= 0:
+        raise ValueError(f"cluster.runtime_gb={c.runtime_gb} must be at least 0; set the memory one rank takes "
+                         f"before any model, e.g. cluster.runtime_gb=0.5")
     _positive(c.peak_tflops, "cluster.peak_tflops", "set the dense bf16 peak, e.g. 312 for an A100")
     if c.fp32_tflops is not None:
         _positive(c.fp32_tflops, "cluster.fp32_tflops", "set it, or null for half of cluster.peak_tflops")

@@ -80,7 +80,9 @@ def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
 def test_predict_fit():
     tiny = ModelConfig(family="gpt", size="tiny")
     fits, mem = predict_fit(tiny, Layout(tp=1, pp=1, dp=2), micro_batch=8, dtype="fp32", device_mem_bytes=80e9)
-    assert fits and set(mem) == {"params", "grads", "optimizer", "activations", "buffers", "total", "limit", "num_params"}
+    assert fits and set(mem) == {"params", "grads", "optimizer", "activations", "buffers", "runtime", "total", "limit",
+                                 "num_params"}
+    assert mem["runtime"] == 0  # predict_fit knows no cluster: the model's own bytes
     assert mem["total"] == sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "buffers"))
     big = ModelConfig(family="gpt", size="gpt3-175b")
     fits, mem = predict_fit(big, Layout(tp=1, pp=1, dp=8), micro_batch=1, dtype="bf16", device_mem_bytes=80e9)
