@@ -13,6 +13,8 @@ Activations follow Korthikanti et al. 2022 per token of each piece (`zoo.plan.mo
 times the tokens of a micro-batch and the micro-batches in flight: with 1F1B, stage i of p
 holds min(p - i, m) of them, so the first stage holds up to p. With activation
 checkpointing a layer keeps only its input, and backward recomputes one layer at a time.
+Backward's largest transient joins them: a recomputed layer's full set, or the loss's float32
+gradient of the logits, allocated while the logits and their softmax are still kept.
 
 Buffers are DeepSpeed's: the gradient reduce bucket of ZeRO 1-3 (allocated at its full
 size), the flattened all-reduce chunks of stage 0, the gathered parameters of two layers
@@ -112,8 +114,11 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
     in_flight = min(lay.pp - stage, lay.grad_accum)
     activations = in_flight * tokens * kept
     layers = stage_layers(desc, lay.pp, stage)
-    if lay.activation_checkpointing and layers:  # backward recomputes one layer's full set at a time
-        activations += tokens * max(p.activations.bytes_per_token(elt, tp, sp) for p in layers)
+    # Transients of backward, one piece at a time: a recomputed layer's full set (activation
+    # checkpointing), or what a piece's backward allocates beside what it keeps (the logits' gradient).
+    transient = max([p.backward_extra.bytes_per_token(elt, tp, sp) for p in pieces]
+                    + [p.activations.bytes_per_token(elt, tp, sp) for p in layers if lay.activation_checkpointing])
+    activations += tokens * transient
 
     buffers = 0.0
     if lay.zero_stage == 0 and lay.dp > 1:  # gradients flattened into <= bucket-sized chunks to all-reduce

@@ -66,6 +66,10 @@ class Piece:
     tp_allreduce_elems_per_token: float
     """Elements per token all-reduced over the tp group in its forward and backward together
     (recomputing a layer's forward repeats the forward's half)."""
+    backward_extra: Activations = Activations()
+    """What its backward allocates per token on top of what it keeps, while what it keeps is
+    still alive (the output end: the loss's float32 gradient of the logits): a transient, one
+    piece's at a time."""
 
 
 @dataclass(frozen=True)

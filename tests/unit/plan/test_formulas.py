@@ -82,14 +82,15 @@ def test_zoo_gpt_keeps_no_attention_scores():
 
 def test_first_stage_holds_the_whole_models_layer_activations():
     """Korthikanti section 4.3: with 1F1B the first stage holds p micro-batches of L/p layers,
-    so its layer activations are those of all L layers for one micro-batch, whatever p."""
+    so its layer activations are those of all L layers for one micro-batch, whatever p (and at
+    pp=1 the head's, with its backward's float32 gradient of the logits)."""
     desc = describe_model(ModelConfig(family="gpt", size="gpt3-175b"), 50257)
     layer = desc.layers[0].activations.bytes_per_token(2, 8, True) * S
     for pp in (1, 2, 4, 8, 16):
         lay = PlanLayout(tp=8, pp=pp, dp=1, micro_batch_size=1, grad_accum=64)
         mem = stage_memory(desc, lay, 0, dtype="bf16", sequence_parallel=True, bucket_elems=0)
-        ends = desc.embedding.activations.bytes_per_token(2, 8, True) * S * pp + (
-            desc.head.activations.bytes_per_token(2, 8, True) * S if pp == 1 else 0)
+        head = desc.head.activations.bytes_per_token(2, 8, True) + desc.head.backward_extra.bytes_per_token(2, 8, True)
+        ends = desc.embedding.activations.bytes_per_token(2, 8, True) * S * pp + (head * S if pp == 1 else 0)
         assert mem.activations - ends == pytest.approx(96 * layer)
 
 

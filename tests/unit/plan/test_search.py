@@ -159,3 +159,22 @@ def test_the_data_parallel_reason_says_what_holds_for_a_replica_larger_than_a_gp
     reason = _model_split_reason(tiny_gpu, best)
     assert "fits one GPU" not in reason and "is more than one GPU's 0.8 GB usable" in reason
     assert f"ZeRO-{best.layout.zero_stage} over dp={best.layout.dp} leaves each GPU" in reason
+
+
+def test_a_clusters_runtime_memory_joins_every_estimate_and_the_fit():
+    """cluster.runtime_gb (on CPU the resident runtime a rank holds before any model) is part of
+    each layout's total and of whether it fits; a negative one is refused."""
+    import dataclasses
+
+    from zoo.plan.settings import check_cluster
+
+    desc = describe_model(ModelConfig(family="gpt", size="tiny"), 4096)
+    lay = PlanLayout(tp=1, pp=1, dp=1, micro_batch_size=2, grad_accum=1)
+    bare = ClusterConfig(name="x", gpus_per_node=1, gpu_mem_gb=1.0)
+    without = estimate(desc, lay, bare, dtype="fp32")
+    heavy = estimate(desc, lay, dataclasses.replace(bare, runtime_gb=0.79), dtype="fp32")
+    assert without.mem.runtime == 0 and heavy.mem.runtime == 0.79e9
+    assert heavy.mem.total == pytest.approx(without.mem.total + 0.79e9)
+    assert without.fits and not heavy.fits  # 0.8 GB usable of 1 GB
+    with pytest.raises(ValueError, match=r"cluster.runtime_gb=-1.0 must be at least 0"):
+        check_cluster(dataclasses.replace(bare, runtime_gb=-1.0))

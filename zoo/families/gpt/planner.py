@@ -46,7 +46,7 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     head = Piece(params=ParamCount(replicated=2 * h),
                  activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
                  checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
-                 fwd_flops_per_token=2 * v * h,
+                 fwd_flops_per_token=2 * v * h, backward_extra=Activations(tp_bytes=4 * v),
                  tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward); the loss's are scalars
     vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
     overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
