@@ -40,10 +40,10 @@ from data_pipelines.text_sources import DataError, TextSource, no_text, open_sou
 class Progress:
     """Documents, tokens and text read so far, and the rate, every `every_s` seconds (stderr)."""
 
-    def __init__(self, every_s: float = 2.0, stream=None):
+    def __init__(self, every_s: float = 2.0, stream=None, label: str = "prepare:"):
         import time
 
-        self.clock, self.every_s, self.stream = time.monotonic, every_s, stream or sys.stderr
+        self.clock, self.every_s, self.stream, self.label = time.monotonic, every_s, stream or sys.stderr, label
         self.start = self.last = self.clock()
         self.docs = self.tokens = self.bytes = 0
 
@@ -53,7 +53,7 @@ class Progress:
         if final or now - self.last >= self.every_s:
             self.last = now
             took = max(now - self.start, 1e-9)
-            print(f"prepare: {self.docs:,} documents, {self.tokens:,} tokens, {self.bytes / 1e6:,.1f} MB of text in "
+            print(f"{self.label} {self.docs:,} documents, {self.tokens:,} tokens, {self.bytes / 1e6:,.1f} MB of text in "
                   f"{took:.1f} s ({self.bytes / 1e6 / took:.1f} MB/s, {self.tokens / took:,.0f} tokens/s)",
                   file=self.stream, flush=True)
 

@@ -27,6 +27,6 @@ def prepare_cached(source, tokenizer_dir: str, *, cache_dir: Optional[str] = Non
         print(f"zoo: data: tokenizing {source.describe()} into the cache ({entry.name}) once; later runs reuse it",
               file=sys.stderr, flush=True)
         prepare(source.name, source.path, str(tokenizer_dir), tmp, text_column=source.column, workers=workers,
-                source=source, progress=Progress(every_s=10.0))
+                source=source, progress=Progress(every_s=10.0, label="zoo: data: tokenized"))
 
     return cached_dir(entry, build)
