@@ -167,9 +167,19 @@ def _batches(texts: Iterator[str], size: int, chars: int) -> Iterator[List[str]]
         yield batch
 
 
+def pool_start_method() -> str:
+    """How worker processes start: forked from this process, unless it runs a torch.distributed
+    process group (a training rank preparing its cache): forking a process while its process
+    group's and OpenMP's threads hold locks left a worker waiting on one forever here, so there
+    they start as fresh interpreters (spawn)."""
+    dist = sys.modules.get("torch.distributed")
+    return "spawn" if dist is not None and dist.is_available() and dist.is_initialized() else "fork"
+
+
 def _tokenized(batches: Iterator[List[str]], workers: int, init_args: tuple) -> Iterator[Tuple[List[str], np.ndarray]]:
     """(batch, its tokens) in the batches' order; with workers > 1 at most 2 x workers batches
-    in flight (Pool.imap would read the whole input ahead)."""
+    in flight (Pool.imap would read the whole input ahead), the workers started by
+    pool_start_method()."""
     if workers == 1:
         tokenize = _Tokenize(*init_args, threads=True)
         for batch in batches:
@@ -178,8 +188,8 @@ def _tokenized(batches: Iterator[List[str]], workers: int, init_args: tuple) -> 
     import multiprocessing as mp
     from collections import deque
 
-    # fork: a worker needs only the tokenizer (no re-import of a caller's main module, as spawn does)
-    with mp.get_context("fork").Pool(workers, initializer=_worker_init, initargs=init_args) as pool:
+    # fork where safe: a worker needs only the tokenizer (no re-import of a caller's main module, as spawn does)
+    with mp.get_context(pool_start_method()).Pool(workers, initializer=_worker_init, initargs=init_args) as pool:
         pending: deque = deque()
         for batch in batches:
             pending.append((batch, pool.apply_async(_worker_run, (batch,))))

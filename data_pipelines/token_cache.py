@@ -26,7 +26,7 @@ def prepare_cached(source, tokenizer_dir: str, *, cache_dir: Optional[str] = Non
     def build(tmp: Path) -> None:
         print(f"zoo: data: tokenizing {source.describe()} into the cache ({entry.name}) once; later runs reuse it",
               file=sys.stderr, flush=True)
-        prepare(source.name, source.path, str(tokenizer_dir), tmp, text_column=source.column, workers=workers,
+        prepare(source.name, source.path, str(tokenizer_dir), tmp, text_column=source.column, workers=workers or 1,
                 source=source, progress=Progress(every_s=10.0, label="zoo: data: tokenized"))
 
     return cached_dir(entry, build)

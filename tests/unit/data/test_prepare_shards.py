@@ -231,3 +231,15 @@ def test_an_index_that_does_not_parse_is_one_line(tmp_path):
     (tmp_path / "meta.json").write_text("[1, 2]")
     with pytest.raises(DataError, match=r"meta.json is not a prepared directory's index \(no list of shards\)"):
         check_shards(tmp_path, tmp_path / "verified")
+
+
+def test_workers_started_fresh_write_the_same_bytes(corpus, reference, tmp_path, monkeypatch):
+    """In a process that runs a process group (a training rank) the workers are spawned, not
+    forked (a forked worker hung there on a lock another thread held): the same bytes."""
+    from data_pipelines import prepare as module
+
+    assert module.pool_start_method() == "fork"  # no process group here
+    monkeypatch.setattr(module, "pool_start_method", lambda: "spawn")
+    src, tok = corpus
+    prepare("files", str(src), tok, tmp_path / "spawned", workers=2, batch_docs=20, shard_tokens=6000)
+    assert _same(reference[0], tmp_path / "spawned")
