@@ -3,14 +3,17 @@
     python -m data_pipelines.prepare --name files --path 'corpus/*.jsonl' --tokenizer TOKENIZER_DIR \
         --out DATA_DIR [--workers N] [--shard-tokens N] [--text-column text] [--batch-docs 1000]
 
-Documents are streamed (file by file; jsonl/parquet/csv through `datasets` streaming) and cut
-into batches (of --batch-docs documents or --batch-chars characters) in their order; --workers processes (default: one per core)
-tokenize the batches with the fast tokenizer, each document followed by the end-of-text token
-(a BERT tokenizer's [SEP] where it has none), and the main process writes their tokens in the
-batches' order into DATA_DIR/tokens-00000.bin, tokens-00001.bin, ... (uint16 when the
-vocabulary fits, else uint32; a shard ends after the batch that brings it to --shard-tokens),
-so the output is the same bytes for any number of workers. Only a few batches per worker are
-in flight: memory does not grow with the corpus. Each finished shard gets a marker
+Documents are streamed (file by file; jsonl line by line, parquet/csv through `datasets`
+streaming), a long one cut into pieces of about 64K characters where that leaves its tokens
+unchanged (GPT-2's byte-level BPE), and cut into batches (of --batch-docs documents or
+--batch-chars characters) in their order; --workers processes (default: one per core) tokenize
+the batches with the fast tokenizer, each document followed by the end-of-text token (a BERT
+tokenizer's [SEP] where it has none), and the main process writes their tokens in the batches'
+order into DATA_DIR/tokens-00000.bin, tokens-00001.bin, ... (uint16 when the vocabulary fits,
+else uint32; a shard ends after the batch that brings it to --shard-tokens), so the output is
+the same bytes for any number of workers. Only a few batches per worker are in flight, and a
+local tokenizer is read without importing transformers: memory does not grow with the corpus
+(about 110-125 MB for two workers). Each finished shard gets a marker
 (tokens-NNNNN.done: its tokens, bytes, xxh3-64 digest and the batches through it) and its
 token counts; a preparation stopped part-way continues from its intact shards when run again
 with the same arguments (a shard without its marker, or not matching it, is written again).
@@ -35,6 +38,7 @@ import numpy as np
 
 from data_pipelines.lm import held_out
 from data_pipelines.text_sources import DataError, TextSource, no_text, open_source
+from data_pipelines.tokenizer import save_tokenizer
 
 
 class Progress:
@@ -64,7 +68,7 @@ FORMAT = "zoo-tokens-2"
 
 
 PIECE_CHARS = 1 << 16  # a long document is encoded in pieces of about this many characters, where that is exact
-GROUP_CHARS = 1 << 18  # text per encode call: the encodings (tens of bytes a token) of this much at once
+GROUP_CHARS = 1 << 16  # text per encode call in a worker: the encodings (tens of bytes a token) of this much at once
 
 
 def splits_exactly(backend: dict) -> bool:
@@ -77,32 +81,50 @@ def splits_exactly(backend: dict) -> bool:
             and not pre.get("add_prefix_space", False))  # a space before every piece would change its first token
 
 
-def pieces(text: str, size: int = PIECE_CHARS) -> List[str]:
+def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
     """`text` cut after about every `size` characters, before the last space or newline of a
     run of them that a printable ASCII character follows. GPT-2's regex gives the same
     pre-tokens there: in the whole text the run but its last character is one pre-token (the
     last one starts the next, or joins the word after it as its leading space), and at the end
-    of a piece the run but its last character is one pre-token too."""
+    of a piece the run but its last character is one pre-token too. One piece at a time."""
     import re
 
-    out, start = [], 0
+    start = 0
     boundary = re.compile(r"(?<=[ \n!-~])(?=[ \n][!-~])")
     while len(text) - start > size:
         m = boundary.search(text, start + size)
         if m is None:
             break
-        out.append(text[start:m.start()])
+        yield text[start:m.start()]
         start = m.start()
-    out.append(text[start:])
-    return out
+    yield text[start:]
+
+
+Item = Tuple[str, bool]  # a text to tokenize, and whether it ends its document (a whole one, or its last piece)
+
+
+def items(texts: Iterator[str], split: bool) -> Iterator[Item]:
+    """The documents as items: a long one cut by `pieces` where `split` (splits_exactly), so
+    that no batch, and no encoding, holds more than about a batch's characters, however long a
+    document is (the corpus here has documents of 2-4 MB)."""
+    for text in texts:
+        if not split:
+            yield text, True
+            continue
+        parts = pieces(text)
+        part = next(parts)
+        for following in parts:  # one piece ahead: the last one ends the document
+            yield part, False
+            part = following
+        yield part, True
 
 
 class _Tokenize:
-    """A batch of texts to its token ids, each document followed by `end`, as one array of
-    `dtype`: the tokenizer's backend (tokenizers), the same in a worker and in-process. The
-    text goes to the tokenizer in groups of about GROUP_CHARS, a long document in pieces where
-    that gives the same ids (splits_exactly), so a document of megabytes does not hold its
-    whole encoding (~450 MB for a 4 MB document) at once."""
+    """A batch of items (`items`) to their token ids, each document followed by `end`, as one
+    array of `dtype`: the tokenizer's backend (tokenizers), the same in a worker and in-process.
+    The text goes to the tokenizer in groups of about GROUP_CHARS (in-process, where the
+    tokenizer's threads share a group: that times the cores, at least 4), so a batch does not
+    hold its whole encoding (tens of bytes a token) at once."""
 
     def __init__(self, backend_json: str, end: int, dtype: str, threads: bool):
         if not threads:  # N worker processes: no tokenizer thread pool inside each
@@ -110,14 +132,14 @@ class _Tokenize:
         from tokenizers import Tokenizer
 
         self.tok, self.end, self.dtype = Tokenizer.from_str(backend_json), end, np.dtype(dtype)
-        self.split = splits_exactly(json.loads(backend_json))
+        self.group_chars = GROUP_CHARS * (max(4, len(os.sched_getaffinity(0))) if threads else 1)
 
-    def __call__(self, texts: List[str]) -> np.ndarray:
+    def __call__(self, batch: List[Item]) -> np.ndarray:
         # The ids alone (no offsets): the same ids as encode_batch, 2.3x faster on a 4 MB document here.
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
         end = np.asarray([self.end], dtype=self.dtype)
         out: List[np.ndarray] = []
-        group: List[Tuple[str, bool]] = []  # (text, whether it ends its document)
+        group: List[Item] = []
         held = 0
 
         def flush() -> None:
@@ -127,14 +149,12 @@ class _Tokenize:
                     out.append(end)
             group.clear()
 
-        for text in texts:
-            parts = pieces(text) if self.split else [text]
-            for k, part in enumerate(parts):
-                group.append((part, k == len(parts) - 1))
-                held += len(part)
-                if held >= GROUP_CHARS:
-                    flush()
-                    held = 0
+        for item in batch:
+            group.append(item)
+            held += len(item[0])
+            if held >= self.group_chars:
+                flush()
+                held = 0
         if group:
             flush()
         return np.concatenate(out) if out else np.empty(0, dtype=self.dtype)
@@ -148,21 +168,21 @@ def _worker_init(backend_json: str, end: int, dtype: str) -> None:
     _WORKER = _Tokenize(backend_json, end, dtype, threads=False)
 
 
-def _worker_run(texts: List[str]) -> np.ndarray:
-    return _WORKER(texts)
+def _worker_run(batch: List[Item]) -> np.ndarray:
+    return _WORKER(batch)
 
 
-def _batches(texts: Iterator[str], size: int, chars: int) -> Iterator[List[str]]:
-    """The documents in batches of `size` documents or `chars` characters, whichever comes first
-    (a batch's encodings take tens of times its text: long documents make short batches)."""
-    batch: List[str] = []
-    held = 0
-    for text in texts:
-        batch.append(text)
-        held += len(text)
-        if len(batch) >= size or held >= chars:
+def _batches(source: Iterator[Item], size: int, chars: int) -> Iterator[List[Item]]:
+    """The items in batches of `size` documents or `chars` characters, whichever comes first."""
+    batch: List[Item] = []
+    held = docs = 0
+    for item in source:
+        batch.append(item)
+        held += len(item[0])
+        docs += item[1]
+        if docs >= size or held >= chars:
             yield batch
-            batch, held = [], 0
+            batch, held, docs = [], 0, 0
     if batch:
         yield batch
 
@@ -176,7 +196,7 @@ def pool_start_method() -> str:
     return "spawn" if dist is not None and dist.is_available() and dist.is_initialized() else "fork"
 
 
-def _tokenized(batches: Iterator[List[str]], workers: int, init_args: tuple) -> Iterator[Tuple[List[str], np.ndarray]]:
+def _tokenized(batches: Iterator[List[Item]], workers: int, init_args: tuple) -> Iterator[Tuple[List[Item], np.ndarray]]:
     """(batch, its tokens) in the batches' order; with workers > 1 at most 2 x workers batches
     in flight (Pool.imap would read the whole input ahead), the workers started by
     pool_start_method()."""
@@ -253,6 +273,32 @@ def _job(out: Path, job: dict) -> None:
     path.write_text(json.dumps(job, indent=1))
 
 
+def _tokenizer(tokenizer_dir: str) -> Tuple[str, int, int]:
+    """The fast tokenizer's backend (JSON), the id ending each document and the vocabulary's
+    size: read with `tokenizers` alone from a local directory that allows it, else through
+    transformers (a Hub name, a tokenizer without tokenizer.json)."""
+    from data_pipelines.tokenizer import backend_without_transformers
+
+    local = Path(tokenizer_dir).expanduser()
+    if local.is_file():
+        raise DataError(f"--tokenizer {tokenizer_dir} is a file: give the directory that holds it (tokenizer.json "
+                        f"with its tokenizer_config.json, as save_pretrained writes them), or a Hub name")
+    light = backend_without_transformers(local) if local.is_dir() else None
+    if light is not None:
+        backend, end, vocab = light
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
+        if not getattr(tok, "is_fast", False):
+            raise DataError(f"tokenizer {tokenizer_dir} has no fast (tokenizers) version: save one with tokenizer.json")
+        backend, vocab = tok.backend_tokenizer.to_str(), len(tok)
+        end = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+    if end is None:
+        raise DataError(f"tokenizer {tokenizer_dir} has no end-of-text token (eos) and no [SEP] to end documents with")
+    return backend, end, vocab
+
+
 def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_column: str = "text",
             batch_docs: int = 1000, batch_chars: int = BATCH_CHARS, workers: Optional[int] = None,
             shard_tokens: int = SHARD_TOKENS, part: Optional[Tuple[int, int]] = None,
@@ -260,7 +306,6 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     """Prepare `out` (see the module's docstring); returns its meta.json as a dict. `source`:
     the source `name` at `path`, already opened (data_pipelines.text_sources.open_source)."""
     import xxhash
-    from transformers import AutoTokenizer
 
     source = source or open_source(name, path, text_column)
 
@@ -268,22 +313,18 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     if min(workers, batch_docs, batch_chars, shard_tokens) < 1:
         raise DataError(f"--workers {workers}, --batch-docs {batch_docs}, --batch-chars {batch_chars} and "
                         f"--shard-tokens {shard_tokens} must be positive")
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir, use_fast=True)
-    end = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
-    if end is None:
-        raise DataError(f"tokenizer {tokenizer_dir} has no end-of-text token (eos) and no [SEP] to end documents with")
-    if not getattr(tok, "is_fast", False):
-        raise DataError(f"tokenizer {tokenizer_dir} has no fast (tokenizers) version: save one with tokenizer.json")
-    backend = tok.backend_tokenizer.to_str()
-    dtype = np.dtype(np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32)
+    backend, end, vocab = _tokenizer(tokenizer_dir)
+    dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max else np.uint32)
+    split = splits_exactly(json.loads(backend))
     out.mkdir(parents=True, exist_ok=True)
     _job(out, {"format": FORMAT, "source": f"{name}:{path}", "text_column": text_column, "batch_docs": batch_docs,
                "batch_chars": batch_chars, "shard_tokens": shard_tokens, "tokenizer_xxh3_64": xxhash.xxh3_64_hexdigest(backend.encode()),
-               "dtype": dtype.name, "part": f"{part[0]}/{part[1]}" if part else None})
+               "dtype": dtype.name, "part": f"{part[0]}/{part[1]}" if part else None,
+               "piece_chars": PIECE_CHARS if split else None})
     shards = _intact_shards(out)
     skip = shards[-1]["batches"] if shards else 0  # batches already in intact shards: read past, not tokenized
     counts: dict = {}
-    batches = _batches(source.texts(counts, part), batch_docs, batch_chars)
+    batches = _batches(items(source.texts(counts, part), split), batch_docs, batch_chars)
     for _ in range(skip):
         if next(batches, None) is None:
             raise DataError(f"--out {out} holds shards of {skip} batches but the source now has fewer: it changed "
@@ -294,7 +335,7 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     def open_shard() -> None:
         i = len(shards)
         current.update(i=i, fh=open(_shard(out, i), "wb"), hash=xxhash.xxh3_64(), tokens=0,
-                       unigram=np.zeros(len(tok), dtype=np.int64))
+                       unigram=np.zeros(vocab, dtype=np.int64))
 
     def close_shard() -> None:
         fh, i = current["fh"], current["i"]
@@ -319,12 +360,13 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
         data = ids.tobytes()
         current["fh"].write(data)
         current["hash"].update(data)
-        current["unigram"] += np.bincount(ids, minlength=len(tok))[:len(tok)]
+        current["unigram"] += np.bincount(ids, minlength=vocab)[:vocab]
         current["tokens"] += len(ids)
         state["batches"] += 1
-        state["documents"] += len(batch)
+        docs = sum(last for _, last in batch)
+        state["documents"] += docs
         if progress is not None:
-            progress.add(len(batch), len(ids), sum(len(t.encode("utf-8", "replace")) for t in batch))
+            progress.add(docs, len(ids), sum(len(t.encode("utf-8", "replace")) for t, _ in batch))
         if current["tokens"] >= shard_tokens:
             close_shard()
     if current:
@@ -334,13 +376,13 @@ def prepare(name: str, path: str | None, tokenizer_dir: str, out: Path, *, text_
     n_tokens = sum(r["tokens"] for r in shards)
     if n_tokens == 0:
         raise no_text(source, counts)
-    unigram = np.zeros(len(tok), dtype=np.int64)
+    unigram = np.zeros(vocab, dtype=np.int64)
     for i in range(len(shards)):
         unigram += np.load(_counts(out, i))
     np.save(out / "unigram_counts.npy", unigram)
-    tok.save_pretrained(str(out / "tokenizer"))
+    save_tokenizer(tokenizer_dir, out / "tokenizer")
     meta = {"format": FORMAT, "dtype": dtype.name, "tokens": n_tokens, "documents": state["documents"],
-            "eos_id": end, "vocab": len(tok), "source": f"{name}:{path}", "skipped": counts,
+            "eos_id": end, "vocab": vocab, "source": f"{name}:{path}", "skipped": counts,
             "part": f"{part[0]}/{part[1]}" if part else None,
             "shards": [{k: r[k] for k in ("file", "tokens", "bytes", "xxh3_64")} for r in shards]}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -475,6 +517,20 @@ class _Rows:
         return np.asarray(self.rows[self.index[i]])
 
 
+def _steady_malloc() -> None:
+    """glibc's mmap threshold fixed at its default (128 KiB): freeing a long document's text
+    otherwise raises the threshold to its size, after which blocks that large stay in the heap
+    and the process grows with the largest documents it has met (+30 MB on the benchmark's
+    corpus, 2-4 MB documents). For this command's own process only: in a training rank torch
+    keeps the adaptive threshold."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m data_pipelines.prepare", description=__doc__.split("\n")[0])
     ap.add_argument("--name", default="files", choices=["files", "hub", "pydoc"])
@@ -500,6 +556,7 @@ def main(argv=None) -> None:
             print(f"data_pipelines.prepare: error: {flag} {value} must be at least 1"
                   + (" (omit it for one process per core)" if flag == "--workers" else ""), file=sys.stderr)
             sys.exit(2)
+    _steady_malloc()
     try:
         if a.merge:
             from data_pipelines.prepare_parts import merge

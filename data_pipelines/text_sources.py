@@ -96,6 +96,7 @@ def _jsonl_rows(f: Path) -> Iterator[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{f} line {n} is not JSON ({err.msg}): a .jsonl file holds one JSON object a line") from None
+            line = None  # not held beside its row while the row is used (a document of megabytes)
             if not isinstance(row, dict):
                 raise DataError(f"{f} line {n} is a JSON {type(row).__name__}, not an object with a text column")
             yield row

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 
@@ -143,6 +143,34 @@ def _length_without_transformers(directory: Path) -> Optional[int]:
     if any(isinstance(c, str) and tok.token_to_id(c) is None for c in contents):
         return None
     return tok.get_vocab_size(with_added_tokens=True)
+
+
+def backend_without_transformers(directory: Path) -> Optional[Tuple[str, Optional[int], int]]:
+    """A local fast tokenizer read with `tokenizers` alone (no transformers: 260 MB in every
+    process that imports it): its backend (tokenizer.json's text), the id that ends a document
+    (its eos token, else its sep token, as transformers gives them) and its length. None where
+    transformers must say: no tokenizer.json, files that do not name their class, a special
+    token tokenizer.json lacks, or the two config files naming different end tokens."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    length = _length_without_transformers(directory)
+    if length is None or not _names_its_class(directory):
+        return None
+    named: dict = {}
+    for config in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (directory / config).is_file():
+            data = json.loads((directory / config).read_text())
+            for key in ("eos_token", "sep_token"):
+                value = data.get(key)
+                value = value.get("content") if isinstance(value, dict) else value
+                if value is not None and named.setdefault(key, value) != value:
+                    return None
+    backend = (directory / "tokenizer.json").read_text()
+    tok = Tokenizer.from_str(backend)
+    ends = [tok.token_to_id(named[k]) for k in ("eos_token", "sep_token") if k in named]
+    return backend, (ends[0] if ends else None), length
 
 
 # The files a transformers tokenizer consists of, whatever its kind (save_pretrained writes a

@@ -43,3 +43,36 @@ def test_a_special_token_only_the_config_names_is_counted_by_transformers(tmp_pa
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     lazy = LazyTokenizer(str(tmp_path))
     assert len(lazy) == len(PreTrainedTokenizerFast.from_pretrained(str(tmp_path))) and lazy._loaded is not None
+
+
+def test_prepare_reads_a_saved_tokenizer_as_transformers_does_without_importing_it(tmp_path):
+    """data_pipelines.prepare's tokenizer (backend, end-of-document id, length) from the files
+    alone equals transformers' for a trained GPT (eos) and BERT (no eos: [SEP]) tokenizer and a
+    Llama-style one saved by transformers; where the two configs name different end tokens it
+    defers to transformers; a --tokenizer that is a file is one line."""
+    import pytest
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from data_pipelines.prepare import _tokenizer
+    from data_pipelines.tokenizer import backend_without_transformers, train_bert_tokenizer, train_gpt_tokenizer
+    from zoo.run.errors import DataError
+
+    docs = ["the cat sat on the mat. " * 50, "a dog ran far away. " * 50]
+    word = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2, "a": 3}, unk_token="<unk>"))
+    word.pre_tokenizer = pre_tokenizers.Whitespace()
+    llama = tmp_path / "llama"
+    PreTrainedTokenizerFast(tokenizer_object=word, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(str(llama))
+    for d in (train_gpt_tokenizer(docs, 300, "p", str(tmp_path)), train_bert_tokenizer(docs, 200, "p", str(tmp_path)),
+              llama):
+        light = backend_without_transformers(d)
+        assert light is not None, d
+        tok = AutoTokenizer.from_pretrained(str(d))
+        end = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+        assert (light[1], light[2]) == (end, len(tok)) and end is not None
+        assert Tokenizer.from_str(light[0]).encode("a cat", add_special_tokens=False).ids == tok("a cat", add_special_tokens=False)["input_ids"]
+    (llama / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<s>"}))
+    assert backend_without_transformers(llama) is None
+    with pytest.raises(DataError, match=r"--tokenizer .*tokenizer.json is a file: give the directory"):
+        _tokenizer(str(llama / "tokenizer.json"))

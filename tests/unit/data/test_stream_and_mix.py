@@ -158,18 +158,18 @@ def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(tmp_path):
 
     from tokenizers import Tokenizer
 
-    from data_pipelines.prepare import _Tokenize, pieces, splits_exactly
+    from data_pipelines.prepare import _Tokenize, items, pieces, splits_exactly
 
     texts = [open(f, errors="replace").read() for f in sorted(glob.glob(str(REPO / "zoo" / "**" / "*.py"),
                                                                         recursive=True))]
     long = "\n\n".join(texts) + "  \n  trailing   \n\n"
-    assert len(pieces(long)) > 10 and "".join(pieces(long)) == long
+    assert len(list(pieces(long))) > 10 and "".join(pieces(long)) == long
     tok = train_gpt_tokenizer(texts[:40], 1000, "test-pieces", cache_dir=str(tmp_path))
     backend = (tok / "tokenizer.json").read_text()
     assert splits_exactly(json.loads(backend))
     whole = Tokenizer.from_str(backend).encode_batch([long, *texts[:5]], add_special_tokens=False)
     want = np.concatenate([np.asarray([*e.ids, 7], dtype=np.uint16) for e in whole])
-    assert np.array_equal(_Tokenize(backend, 7, "uint16", threads=True)([long, *texts[:5]]), want)
+    assert np.array_equal(_Tokenize(backend, 7, "uint16", threads=True)(list(items([long, *texts[:5]], True))), want)
     spm = {"normalizer": None, "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}}
     assert not splits_exactly(spm)
     assert not splits_exactly({"normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True}})
