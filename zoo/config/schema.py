@@ -137,9 +137,8 @@ class DataConfig(DocumentDataKeys, MaskingDataKeys, ImageDataKeys, DataSource):
     """Share of the source held out for evaluation."""
     num_proc: Optional[int] = None
     """GPT and Llama: processes tokenizing a text source into the cache (data_pipelines.prepare's
-    --workers: the source streamed, the same tokens for any number; in a training rank they start
-    as fresh interpreters). None: the rank that builds the cache tokenizes, with the tokenizer's
-    own threads on every core."""
+    --workers: the source streamed, the same tokens for any number), forked from a fresh
+    interpreter that the rank building the cache starts and waits for. None: one per core."""
     num_workers: int = 0
     """DataLoader worker processes per rank preparing the next step's batches; 0: one
     background thread."""

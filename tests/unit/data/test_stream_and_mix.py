@@ -56,7 +56,7 @@ def test_a_corpus_of_many_files_is_streamed_not_held(tmp_path, live_documents):
     tok = train_gpt_tokenizer((t for t in source.texts({})), 300, source.key, cache_dir=str(tmp_path / "cache"))
     trained_peak = peak[0]
     peak[0] = 0
-    entry = prepare_cached(source, str(tok), cache_dir=str(tmp_path / "cache"), workers=1)
+    entry = prepare_cached(source, str(tok), cache_dir=str(tmp_path / "cache"), workers=1, in_process=True)
     assert TokenShards(entry).meta["documents"] == 5000
     assert trained_peak <= 2001 and peak[0] <= 2001, (trained_peak, peak[0])
     # The same tokens as one in-memory pass of the tokenizer over the documents, each ended by its eos.
@@ -70,6 +70,30 @@ def test_a_corpus_of_many_files_is_streamed_not_held(tmp_path, live_documents):
     # A second use finds the entry (keyed by the files' paths, sizes and mtimes, and the tokenizer).
     assert prepare_cached(open_source("files", str(tmp_path / "corpus")), str(tok), cache_dir=str(tmp_path / "cache"),
                           workers=2) == entry
+
+
+def test_the_cache_is_prepared_in_a_fresh_interpreter_with_the_same_bytes(tmp_path):
+    """A training rank's cache entry comes from `python -m data_pipelines.token_cache` (the
+    same tokens as preparing in-process, with its default workers); its DataError reaches the
+    rank as the same one line; a source changed since it was opened is refused."""
+    import os
+
+    source = open_source("files", str(_many_files(tmp_path / "corpus", 300)))
+    tok = train_gpt_tokenizer(source.texts({}), 300, source.key, cache_dir=str(tmp_path / "cache"))
+    child = prepare_cached(source, str(tok), cache_dir=str(tmp_path / "child"))
+    here = prepare_cached(source, str(tok), cache_dir=str(tmp_path / "here"), workers=1, in_process=True)
+    assert child.name == here.name
+    assert TokenShards(child).meta["documents"] == 300
+    for f in sorted(here.glob("tokens-*.bin")):
+        assert (child / f.name).read_bytes() == f.read_bytes()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    with pytest.raises(DataError, match=r"^data.path=.*empty holds no text \(1 empty records"):
+        prepare_cached(open_source("files", str(tmp_path / "empty")), str(tok), cache_dir=str(tmp_path / "child"))
+    stale = open_source("files", str(tmp_path / "corpus"))
+    os.utime(tmp_path / "corpus" / "doc00000.txt", (1, 1))
+    with pytest.raises(DataError, match=r"changed while the run started"):
+        prepare_cached(stale, str(tok), cache_dir=str(tmp_path / "stale"))
 
 
 def test_a_hub_dataset_streams_row_by_row_and_is_keyed_without_reading(tmp_path):
