@@ -17,7 +17,8 @@ Backward's largest transient joins them: a recomputed layer's full set, or the l
 gradient of the logits, allocated while the logits and their softmax are still kept.
 
 Buffers are DeepSpeed's: the gradient reduce bucket of ZeRO 1-3 (allocated at its full
-size), the flattened all-reduce chunks of stage 0, the gathered parameters of two layers
+size; on a cluster whose memory is resident only where written, the CPU's, as much of it as
+the stage's gradients fill), the flattened all-reduce chunks of stage 0, the gathered parameters of two layers
 under ZeRO-3 (one computing, one prefetched) and the pipeline's receive buffers.
 
 Host memory (`host_memory`) is what the transitions around the step add on a node: a
@@ -100,8 +101,9 @@ def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
 
 
 def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, sequence_parallel: bool,
-                 bucket_elems: int) -> MemoryEstimate:
-    """Bytes on one accelerator of pipeline stage `stage`."""
+                 bucket_elems: int, resident_on_write: bool = False) -> MemoryEstimate:
+    """Bytes on one accelerator of pipeline stage `stage`; `resident_on_write`: memory counts
+    where written (host memory), so the reduce bucket holds at most the stage's gradients."""
     elt, tp = DTYPE_BYTES[dtype], lay.tp
     sp = sequence_parallel and tp > 1
     pieces = stage_pieces(desc, lay.pp, stage)
@@ -124,7 +126,7 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
     if lay.zero_stage == 0 and lay.dp > 1:  # gradients flattened into <= bucket-sized chunks to all-reduce
         buffers += min(n, bucket_elems) * elt
     if lay.zero_stage >= 1:
-        buffers += bucket_elems * elt
+        buffers += (min(n, bucket_elems) if resident_on_write else bucket_elems) * elt
     if lay.zero_stage == 3 and layers:
         buffers += 2 * max(p.params.per_rank(tp) for p in layers) * elt
     if lay.pp > 1:  # receive buffers for the activation (forward) and its gradient (backward)
@@ -134,13 +136,15 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
 
 
 def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_parallel: bool = True,
-                  bucket_elems: int = 500_000_000, runtime_bytes: float = 0.0) -> MemoryEstimate:
+                  bucket_elems: int = 500_000_000, runtime_bytes: float = 0.0,
+                  resident_on_write: bool = False) -> MemoryEstimate:
     """The heaviest accelerator of the layout: the first pipeline stage (most micro-batches in
     flight, the embedding) or the last (the output layer and its logits); with `runtime_bytes`
     (a rank's memory before any model) added."""
     stages = {0, lay.pp - 1}
     heaviest = max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
-                                 bucket_elems=bucket_elems) for s in stages), key=lambda m: m.total)
+                                 bucket_elems=bucket_elems, resident_on_write=resident_on_write) for s in stages),
+                   key=lambda m: m.total)
     return replace(heaviest, runtime=runtime_bytes)
 
 

@@ -155,7 +155,8 @@ def render_text(p: Plan) -> str:
             f"micro_batch_size={lay.micro_batch_size} grad_accum={lay.grad_accum} "
             f"activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s",
-            "  step (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items() if k != "total"),
+            "  step (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items()
+                                          if k != "total" and (v or k != "overhead")),  # overhead: where a preset has it
             "  train with: python -m zoo.train " + " ".join(train_overrides(p, best)),
             "  (add --dry-run to that command to check it where it will run: validated and planned, nothing "
             "started)"] + host_lines(p, best)

@@ -34,6 +34,10 @@ class ClusterConfig:
     where a rank's resident memory is its device memory, the interpreter with torch, DeepSpeed
     and zoo imported, its process group and engine (the cpu preset's value is measured); on a
     GPU the CUDA context, outside torch's allocator (not measured yet: 0)."""
+    resident_on_write: bool = False
+    """The devices' memory becomes resident only where written (the CPU's: torch.empty maps
+    pages that count once touched), so DeepSpeed's reduce bucket takes only what the gradients
+    fill of it; on a GPU the caching allocator holds the whole bucket (false)."""
     host_mem_gb: float = 1024.0
     """Host memory (RAM) of one node, GB: checkpoint transitions pass through it (zoo.plan.memory.host_memory)."""
     peak_tflops: float = 312.0
@@ -52,6 +56,14 @@ class ClusterConfig:
     """Assumed model FLOPs utilisation: the fraction of peak that large matrix multiplies reach."""
     comm_efficiency: float = 0.7
     """Fraction of the link bandwidth that collectives reach (NCCL bus bandwidth / link bandwidth)."""
+    micro_batch_overhead_ms: float = 0.0
+    """Milliseconds a pipeline stage spends on each micro-batch whatever its size, outside its
+    layers (forward and backward: the engine's dispatch, the embedding's and the loss's
+    operator launches): more micro-batches of fewer samples cost this each. 0 unless a preset
+    sets it (the cpu preset's is measured; not measured on a GPU yet)."""
+    layer_overhead_ms: float = 0.0
+    """The same per layer and micro-batch (operator dispatch and kernel launches, the latency
+    of the layer's tensor-parallel collectives); a recomputed forward adds a third of it."""
 
 
 @dataclass

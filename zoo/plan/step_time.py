@@ -19,6 +19,10 @@
   Over the network (1/gpus_per_node of a node's bandwidth each) when the job spans nodes.
 - Optimizer: reading and writing the model states of this rank's partition once (all of
   them without ZeRO, 1/dp of them with ZeRO 1-3), at memory bandwidth.
+- Overhead: a fixed time per micro-batch on every stage (cluster.micro_batch_overhead_ms)
+  and per layer of the stage (cluster.layer_overhead_ms, a third more when recomputing), whatever
+  the micro-batch's size: what makes many small micro-batches slower than few large ones
+  beyond the roofline (dispatch, launches, collectives' latency).
 Nothing is assumed to overlap: communication adds to compute.
 """
 from __future__ import annotations
@@ -48,10 +52,13 @@ class StepTime:
     """Data-parallel gradient (and ZeRO-3 parameter) collectives."""
     optimizer: float = 0
     """The optimizer update over this rank's model states."""
+    overhead: float = 0
+    """The fixed cost of the micro-batches on the slowest stage (dispatch, launches, latency)."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp_comm + self.pp_comm + self.bubble + self.dp_comm + self.optimizer
+        return (self.compute + self.tp_comm + self.pp_comm + self.bubble + self.dp_comm + self.optimizer
+                + self.overhead)
 
     def as_dict(self) -> Dict[str, float]:
         return {**asdict(self), "total": self.total}
@@ -93,8 +100,8 @@ def network_gbps(cluster: ClusterConfig, crosses_nodes: bool) -> float:
 
 
 def _stage_micro_times(desc: ModelDesc, lay: PlanLayout, stage: int, cluster: ClusterConfig, dtype: str,
-                       sequence_parallel: bool) -> Tuple[float, float, float]:
-    """(compute, tp communication, pp communication) seconds of one micro-batch on `stage`."""
+                       sequence_parallel: bool) -> Tuple[float, float, float, float]:
+    """(compute, tp communication, pp communication, fixed overhead) seconds of one micro-batch on `stage`."""
     elt = DTYPE_BYTES[dtype]
     tokens = lay.micro_batch_size * desc.tokens_per_sample
     pieces, layers = stage_pieces(desc, lay.pp, stage), stage_layers(desc, lay.pp, stage)
@@ -109,7 +116,8 @@ def _stage_micro_times(desc: ModelDesc, lay: PlanLayout, stage: int, cluster: Cl
         p2p_bytes = tokens * desc.hidden_size * elt / (lay.tp if sequence_parallel and lay.tp > 1 else 1)
         gbps = network_gbps(cluster, spans_nodes(lay.tp * lay.pp, cluster))
         pp_comm = 2 * p2p_bytes / (gbps * 1e9 * cluster.comm_efficiency)
-    return compute, tp_comm, pp_comm
+    overhead = (cluster.micro_batch_overhead_ms + len(layers) * cluster.layer_overhead_ms * (4 / 3 if ckpt else 1)) / 1e3
+    return compute, tp_comm, pp_comm, overhead
 
 
 def dp_comm_bytes(n_params: float, lay: PlanLayout, dtype: str) -> float:
@@ -125,7 +133,7 @@ def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, *, dtype
               sequence_parallel: bool = True) -> StepTime:
     """Seconds per optimizer step of the layout's slowest stage."""
     per_stage = [_stage_micro_times(desc, lay, s, cluster, dtype, sequence_parallel) for s in {0, lay.pp - 1}]
-    compute, tp_comm, pp_comm = max(per_stage, key=sum)
+    compute, tp_comm, pp_comm, overhead = max(per_stage, key=sum)
     m = lay.grad_accum
     n = max(stage_params(desc, lay.pp, s, lay.tp) for s in {0, lay.pp - 1})
     dp_gbps = network_gbps(cluster, spans_nodes(lay.world_size, cluster))
@@ -134,4 +142,5 @@ def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, *, dtype
     touched = model_state_bytes(n, lay.dp, 3 if lay.zero_stage >= 1 else 0, dtype).total
     optimizer = 2 * touched / (cluster.hbm_gbps * 1e9)
     return StepTime(compute=m * compute, tp_comm=m * tp_comm, pp_comm=m * pp_comm,
-                    bubble=(lay.pp - 1) * (compute + tp_comm + pp_comm), dp_comm=dp_comm, optimizer=optimizer)
+                    bubble=(lay.pp - 1) * (compute + tp_comm + pp_comm + overhead), dp_comm=dp_comm,
+                    optimizer=optimizer, overhead=m * overhead)

@@ -72,9 +72,31 @@ def test_memory_falls_with_zero_stage_and_checkpointing():
 def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     c = estimate(gpt("gpt3-13b"), PlanLayout(tp=8, pp=4, dp=1, micro_batch_size=1, grad_accum=12),
                  ClusterConfig(nodes=4, **A100))
-    per_slot = (c.time.compute + c.time.tp_comm + c.time.pp_comm) / 12
+    per_slot = (c.time.compute + c.time.tp_comm + c.time.pp_comm + c.time.overhead) / 12
     assert c.time.bubble == pytest.approx(3 * per_slot)
     assert c.time.bubble / (c.time.bubble + 12 * per_slot) == pytest.approx(3 / 15)
+
+
+def test_a_fixed_cost_per_micro_batch_and_layer_makes_small_micro_batches_slower():
+    """cluster.micro_batch_overhead_ms and layer_overhead_ms: m micro-batches on a stage of L
+    layers cost m x (a + L x b) whatever their size, a third more of the layers' part when
+    recomputing, and count in the bubble's slots; 0 by default."""
+    desc = gpt("small")  # GPT-2 small: 12 layers
+    plain, costly = ClusterConfig(nodes=1, **A100), ClusterConfig(nodes=1, **A100, micro_batch_overhead_ms=20,
+                                                                 layer_overhead_ms=5)
+
+    def time(cluster, mb, pp=1, ckpt=False):
+        return estimate(desc, PlanLayout(tp=1, pp=pp, dp=8, micro_batch_size=mb, grad_accum=32 // mb,
+                                         activation_checkpointing=ckpt), cluster).time
+
+    assert time(plain, 2).overhead == 0
+    assert time(costly, 2).overhead == pytest.approx(16 * (0.020 + 12 * 0.005))
+    assert time(costly, 16).overhead == pytest.approx(2 * (0.020 + 12 * 0.005))
+    assert time(costly, 2, ckpt=True).overhead == pytest.approx(16 * (0.020 + 12 * 0.005 * 4 / 3))
+    assert time(costly, 2).total - time(costly, 16).total > time(plain, 2).total - time(plain, 16).total
+    piped = time(costly, 2, pp=2)  # 6 layers a stage, one slot of bubble
+    assert piped.overhead == pytest.approx(16 * (0.020 + 6 * 0.005))
+    assert piped.bubble == pytest.approx((piped.compute + piped.tp_comm + piped.pp_comm + piped.overhead) / 16)
 
 
 def test_predict_fit():
@@ -178,3 +200,16 @@ def test_a_clusters_runtime_memory_joins_every_estimate_and_the_fit():
     assert without.fits and not heavy.fits  # 0.8 GB usable of 1 GB
     with pytest.raises(ValueError, match=r"cluster.runtime_gb=-1.0 must be at least 0"):
         check_cluster(dataclasses.replace(bare, runtime_gb=-1.0))
+
+
+def test_on_host_memory_the_reduce_bucket_counts_for_the_gradients_it_holds():
+    """cluster.resident_on_write (the cpu preset): torch.empty's pages count once written, so
+    ZeRO's 500M-element reduce bucket costs what a small model's gradients fill of it; on a
+    GPU the whole bucket is allocated."""
+    desc = gpt("tiny")
+    lay = PlanLayout(tp=1, pp=1, dp=2, zero_stage=1, micro_batch_size=1, grad_accum=1)
+    gpu, host = (estimate(desc, lay, ClusterConfig(nodes=1, **A100, resident_on_write=r), dtype="fp32").mem
+                 for r in (False, True))
+    assert gpu.buffers == 500_000_000 * 4
+    assert host.buffers == desc.num_params * 4 == host.grads  # ZeRO-1 keeps whole fp32 gradients; the bucket holds them
+    assert gpu.total - gpu.buffers == host.total - host.buffers
