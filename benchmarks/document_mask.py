@@ -42,15 +42,20 @@ def _step_seconds(model, x) -> float:
 
 
 def main() -> None:
+    from gpt_vs_hf import positive  # benchmarks/ is the script's own directory on sys.path
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--embd", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--block", type=int, default=512)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--doc-tokens", type=int, default=128, help="mean document length in tokens")
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--layers", type=positive, default=4)
+    p.add_argument("--embd", type=positive, default=256)
+    p.add_argument("--heads", type=positive, default=4)
+    p.add_argument("--block", type=positive, default=512)
+    p.add_argument("--batch", type=positive, default=8)
+    p.add_argument("--doc-tokens", type=positive, default=128, help="mean document length in tokens")
+    p.add_argument("--rounds", type=positive, default=7)
     a = p.parse_args()
+    if a.embd % a.heads or (a.embd // a.heads) % 2:
+        p.error(f"--embd {a.embd} must divide into --heads {a.heads} heads of an even width (Llama's rotary pairs); "
+                f"e.g. --embd {a.heads * 64}")
     x = _batch(a)
     docs = int((x[:, :-1] == END).sum()) + a.batch
     print(f"{torch.get_num_threads()} thread(s); batch {a.batch} x {a.block} tokens, {docs} documents "
