@@ -36,7 +36,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from data_pipelines.lm import held_out
+from data_pipelines.lm import BlockSplit
 from data_pipelines.text_sources import DataError, TextSource, no_text, open_source
 from data_pipelines.tokenizer import save_tokenizer
 
@@ -492,14 +492,15 @@ class PreparedBlocks:
             raise DataError(f"{name or directory} holds {len(tokens):,} tokens: fewer than {blocks} of {width} "
                             f"(model.block_size + 1); give more text or a smaller model.block_size")
         if eval_directory is None:
-            held = held_out(n, eval_fraction)
-            self.train, self.eval = _Rows(rows, np.flatnonzero(~held)), _Rows(rows, np.flatnonzero(held))
+            self.train = _Rows(rows, BlockSplit(n, eval_fraction, held=False))
+            self.eval = _Rows(rows, BlockSplit(n, eval_fraction, held=True))
         else:
             _, held_tokens, held_n, held_rows = _rows(eval_directory, width)
             if held_n < 1:
                 raise DataError(f"data.eval_path={held_name or eval_directory} holds {len(held_tokens):,} tokens: "
                                 f"fewer than one block of {width}; give more held-out text")
-            self.train, self.eval = _Rows(rows, np.arange(n)), _Rows(held_rows, np.arange(held_n))
+            self.train = _Rows(rows, BlockSplit(n, 0.0, held=False))  # every block trained on
+            self.eval = _Rows(held_rows, BlockSplit(held_n, 0.0, held=False))  # every block held out
         meta = {**{k: v for k, v in meta.items() if k != "shards"}, "shards": len(meta.get("shards", [None]))}
         self.meta = {**meta, "tail_tokens_dropped": int(len(tokens) - n * width), "train_blocks": len(self.train),
                      "eval_blocks": len(self.eval)}
@@ -507,7 +508,7 @@ class PreparedBlocks:
 
 
 class _Rows:
-    def __init__(self, rows: np.ndarray, index: np.ndarray):
+    def __init__(self, rows: _Blocks, index: BlockSplit):
         self.rows, self.index = rows, index
 
     def __len__(self) -> int:

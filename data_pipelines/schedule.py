@@ -25,20 +25,26 @@ class SampleStream:
         self._perm = None
 
     def _permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's order, in the narrowest integer type that holds it: int32 below 2**31
+        samples (4 bytes a sample on every rank, not 8). Shuffling an int32 range draws what
+        `Generator.permutation(n)` draws: the same order as int64 gives (a unit test holds it)."""
         if epoch != self._perm_epoch:
+            self._perm = None  # the last epoch's order is freed before the next is built
+            order = np.arange(self.num_samples, dtype=np.int32 if self.num_samples < 2**31 else np.int64)
             if self.shuffle:
-                self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
-            else:
-                self._perm = np.arange(self.num_samples)
-            self._perm_epoch = epoch
+                np.random.default_rng([self.seed, epoch]).shuffle(order)
+            self._perm, self._perm_epoch = order, epoch
         return self._perm
 
     def indices(self, start: int, count: int) -> np.ndarray:
         """Sample indices at stream positions [start, start + count)."""
         out = np.empty(count, dtype=np.int64)
-        for i, pos in enumerate(range(start, start + count)):
+        pos = start
+        while pos < start + count:  # one slice per epoch the positions cross
             epoch, within = divmod(pos, self.num_samples)
-            out[i] = self._permutation(epoch)[within]
+            take = min(start + count - pos, self.num_samples - within)
+            out[pos - start:pos - start + take] = self._permutation(epoch)[within:within + take]
+            pos += take
         return out
 
 
