@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
-from zoo.models.documents import document_mask, with_documents
+from zoo.models.documents import attention_mask, with_documents
 from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_embd, block_size)
@@ -96,7 +96,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = qkv.split(three_c // 3, dim=2)
         # (B, nh_local, T, hs)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        mask = None if positions is None else document_mask(positions)
+        mask = None if positions is None else attention_mask(positions, q.dtype)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, three_c // 3)

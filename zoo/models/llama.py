@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
-from zoo.models.documents import document_mask, with_documents
+from zoo.models.documents import attention_mask, with_documents
 from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta, tied), from each
@@ -151,7 +151,7 @@ class LlamaAttention(nn.Module):
         # (B, heads_local, T, hs): under TP each rank holds whole query heads and their kv heads
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         q, k = apply_rope(q, k, self.theta, positions)
-        mask = None if positions is None else document_mask(positions)
+        mask = None if positions is None else attention_mask(positions, q.dtype)
         replicated = getattr(self.k_proj, "query_to_kv", None)  # tp does not divide the kv heads
         if replicated is None:  # each group of `groups` query heads shares one kv head: sdpa repeats none
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,

@@ -93,7 +93,8 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     plan_cfg = PlanRunConfig(model=cfg.model, cluster=_cluster(cuda, world, per_node, device_bytes, host_bytes),
                              precision=cfg.precision, trainer=cfg.trainer,
                              plan=dataclasses.replace(PlanConfig(), vocab_size=vocab_size, measure=cfg.plan.measure,
-                                                      measure_steps=cfg.plan.measure_steps, **kept))
+                                                      measure_steps=cfg.plan.measure_steps,
+                                                      document_mask=cfg.data.document_mask, **kept))
     named = ", ".join(f"{k}={given[k]}" for k in KEPT if k in given)
     try:
         plan = make_plan(plan_cfg)

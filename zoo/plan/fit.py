@@ -22,12 +22,14 @@ GPT2_VOCAB = 50257
 
 def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype: str, device_mem_bytes: float, *,
                 grad_accum: int = 1, sequence_parallel: bool = False, vocab_size: int = GPT2_VOCAB,
-                mem_fraction: float = 0.8, bucket_elems: int = 500_000_000) -> Tuple[bool, Dict[str, int]]:
+                mem_fraction: float = 0.8, bucket_elems: int = 500_000_000,
+                document_mask: bool = False) -> Tuple[bool, Dict[str, int]]:
     """(fits, bytes per device) of training `model_cfg` with `layout` and this micro-batch.
 
     `fits` is total <= mem_fraction * device_mem_bytes. The dict has params, grads, optimizer,
     activations, buffers, total and limit (the usable bytes), and num_params (the model's count). `grad_accum` is the pipeline's
-    micro-batches (how many are in flight); `vocab_size` the tokenizer's, padded as training pads it.
+    micro-batches (how many are in flight); `vocab_size` the tokenizer's, padded as training pads it;
+    `document_mask`: data.document_mask's attention mask counted (one per micro-batch in flight).
     """
     if device_mem_bytes <= 0:
         raise ValueError(f"device_mem_bytes={device_mem_bytes} must be positive: the memory of one device")
@@ -37,7 +39,8 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
     lay = PlanLayout(tp=layout.tp, pp=layout.pp, dp=layout.dp, zero_stage=layout.zero_stage,
                      micro_batch_size=micro_batch, grad_accum=grad_accum,
                      activation_checkpointing=model_cfg.activation_checkpointing)
-    mem = layout_memory(desc, lay, dtype=dtype, sequence_parallel=sequence_parallel, bucket_elems=bucket_elems)
+    mem = layout_memory(desc, lay, dtype=dtype, sequence_parallel=sequence_parallel, bucket_elems=bucket_elems,
+                        document_mask=document_mask)
     limit = mem_fraction * device_mem_bytes
     return mem.total <= limit, {**mem.as_dict(), "limit": int(limit), "num_params": desc.num_params}
 
@@ -62,7 +65,8 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
         model, vocab_size = dataclasses.replace(model, **{k: v for k, v in meta.items() if k in keys}), meta["vocab_size"]
     fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
-                            vocab_size=vocab_size, mem_fraction=mem_fraction)
+                            vocab_size=vocab_size, mem_fraction=mem_fraction,
+                            document_mask=cfg.data.document_mask)
     return fits, mem, micro, accum
 
 

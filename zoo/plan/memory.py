@@ -101,9 +101,11 @@ def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
 
 
 def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, sequence_parallel: bool,
-                 bucket_elems: int, resident_on_write: bool = False) -> MemoryEstimate:
+                 bucket_elems: int, resident_on_write: bool = False, document_mask: bool = False) -> MemoryEstimate:
     """Bytes on one accelerator of pipeline stage `stage`; `resident_on_write`: memory counts
-    where written (host memory), so the reduce bucket holds at most the stage's gradients."""
+    where written (host memory), so the reduce bucket holds at most the stage's gradients;
+    `document_mask`: a stage with layers keeps one (B, 1, T, T) attention mask in the dtype
+    per micro-batch in flight (zoo.models.documents.attention_mask), not split by tp or sp."""
     elt, tp = DTYPE_BYTES[dtype], lay.tp
     sp = sequence_parallel and tp > 1
     pieces = stage_pieces(desc, lay.pp, stage)
@@ -116,6 +118,8 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
     in_flight = min(lay.pp - stage, lay.grad_accum)
     activations = in_flight * tokens * kept
     layers = stage_layers(desc, lay.pp, stage)
+    if document_mask and layers:
+        activations += in_flight * tokens * desc.tokens_per_sample * elt
     # Transients of backward, one piece at a time: a recomputed layer's full set (activation
     # checkpointing), or what a piece's backward allocates beside what it keeps (the logits' gradient).
     transient = max([p.backward_extra.bytes_per_token(elt, tp, sp) for p in pieces]
@@ -137,13 +141,14 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
 
 def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_parallel: bool = True,
                   bucket_elems: int = 500_000_000, runtime_bytes: float = 0.0,
-                  resident_on_write: bool = False) -> MemoryEstimate:
+                  resident_on_write: bool = False, document_mask: bool = False) -> MemoryEstimate:
     """The heaviest accelerator of the layout: the first pipeline stage (most micro-batches in
     flight, the embedding) or the last (the output layer and its logits); with `runtime_bytes`
     (a rank's memory before any model) added."""
     stages = {0, lay.pp - 1}
     heaviest = max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
-                                 bucket_elems=bucket_elems, resident_on_write=resident_on_write) for s in stages),
+                                 bucket_elems=bucket_elems, resident_on_write=resident_on_write,
+                                 document_mask=document_mask) for s in stages),
                    key=lambda m: m.total)
     return replace(heaviest, runtime=runtime_bytes)
 

@@ -202,7 +202,7 @@ def host_lines(p: Plan, best: Candidate) -> List[str]:
 def train_overrides(p: Plan, best: Candidate) -> List[str]:
     """The `python -m zoo.train` overrides that reproduce the planned run: the model as given
     (family, size and every changed key), the precision planned for (training defaults to
-    fp32), the layout and the batch."""
+    fp32), the layout and the batch, and data.document_mask where planned for."""
     from dataclasses import fields
 
     from zoo.config.schema import ModelConfig
@@ -222,6 +222,8 @@ def train_overrides(p: Plan, best: Candidate) -> List[str]:
             f"model.activation_checkpointing={str(lay.activation_checkpointing).lower()}"]
     if lay.tp > 1 and p.plan.sequence_parallel:
         out.append("parallel.sequence_parallel=true")
+    if p.plan.document_mask:
+        out.append("data.document_mask=true")
     return out
 
 

@@ -93,6 +93,11 @@ class PlanConfig(MeasureConfig):
     sequence_parallel: bool = True
     """Assume sequence parallelism with tp > 1 (parallel.sequence_parallel=true): LayerNorm and
     dropout activations are split over the tp group too."""
+    document_mask: bool = False
+    """Plan for data.document_mask=true (attention within documents): each pipeline stage keeps
+    one (micro-batch, 1, T, T) attention mask in the training dtype for every micro-batch in
+    flight, whole on every tensor-parallel rank (at 8,192 tokens, 134 MB a sample in bf16).
+    parallel=auto sets it from data.document_mask."""
     zero_bucket_elems: int = 500_000_000
     """Elements of DeepSpeed's gradient reduce bucket (zero_optimization.reduce_bucket_size,
     default kept by zoo's engine); ZeRO allocates a buffer this size whatever the model."""

@@ -3,6 +3,8 @@ position counts from the document's start, so a document packed after another ge
 it gets alone; under tensor and sequence parallelism as under one process."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -77,3 +79,39 @@ def _tp_documents(rank, world, family, sequence_parallel):
 @pytest.mark.parametrize("family", sorted(SHAPES))
 def test_document_masking_under_tp2_with_sequence_parallelism_matches_one_process(family):
     run_ranks(2, _tp_documents, family, True)
+
+
+def _saved_masks(model, block) -> tuple[int, int]:
+    """(mask-sized tensors autograd keeps for the backward, distinct storages among them)."""
+    B, T = block.shape
+    kept = []
+
+    def pack(t):
+        if t.dim() == 4 and tuple(t.shape[-2:]) == (T, T) and t.shape[0] == B:
+            kept.append(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(block, torch.roll(block, -1, 1))
+    loss.backward()
+    return len(kept), len(set(kept))
+
+
+@pytest.mark.parametrize("family", sorted(SHAPES))
+def test_the_backward_keeps_one_mask_a_micro_batch_not_one_a_layer(family, monkeypatch):
+    """SDPA keeps its float form of the mask for the backward, a (B, 1, T, T) tensor per
+    attention layer when each layer passes a boolean mask of its own (at 8,192 tokens, 268 MB
+    a layer): every layer gets the one additive mask built from the micro-batch's positions,
+    with the gradients the boolean masks give, to the bit."""
+    import importlib
+
+    shape = dataclasses.replace(SHAPES[family](), n_layer=4)
+    _, _, block = _documents()
+    masked = build_model(spec_of(shape), shape, seed=3, device=CPU, document_end=END)
+    assert _saved_masks(masked, block) == (4, 1)
+    module = importlib.import_module(f"zoo.models.{family}")
+    monkeypatch.setattr(module, "attention_mask", lambda positions, dtype: document_mask(positions))
+    boolean = build_model(spec_of(shape), shape, seed=3, device=CPU, document_end=END)
+    assert _saved_masks(boolean, block) == (4, 4)  # what the test guards against
+    for a, b in zip(masked.parameters(), boolean.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

@@ -196,3 +196,17 @@ def test_a_family_without_a_planner_is_refused_in_one_line():
         assert line.startswith(f"zoo.plan: error: model={model}: the planner describes ['gpt', 'llama']")
     text = run(plan_cfg("model=llama", "model.size=llama3-8b", "cluster.nodes=2", "trainer.global_batch_size=512"))
     assert text.startswith("RECOMMENDED: ") and "model=llama model.size=llama3-8b precision=bf16" in text
+
+
+def test_plan_document_mask_is_counted_and_trained_with():
+    plain = json.loads(run(plan_cfg("model.size=small", "trainer.global_batch_size=64", "plan.format=json")))
+    masked = json.loads(run(plan_cfg("model.size=small", "trainer.global_batch_size=64", "plan.format=json",
+                                     "plan.document_mask=true")))
+    first = {json.dumps({k: c[k] for k in ("tp", "pp", "dp", "zero_stage", "micro_batch_size", "activation_checkpointing")}):
+             c["mem_bytes"]["activations"] for c in plain["candidates"]}
+    for c in masked["candidates"]:
+        key = json.dumps({k: c[k] for k in ("tp", "pp", "dp", "zero_stage", "micro_batch_size", "activation_checkpointing")})
+        if key in first:
+            assert c["mem_bytes"]["activations"] > first[key]
+    text = run(plan_cfg("model.size=small", "trainer.global_batch_size=64", "plan.document_mask=true"))
+    assert "data.document_mask=true" in text.split("train with:")[1].splitlines()[0]

@@ -115,3 +115,53 @@ def test_stage_layer_counts():
     assert stage_layer_counts(96, 16) == [6] * 16
     assert stage_layer_counts(12, 5) == [3, 3, 2, 2, 2]
     assert sum(stage_layer_counts(44, 8)) == 44
+
+
+def test_the_document_mask_is_one_mask_a_micro_batch_in_flight_as_the_model_keeps_it():
+    """data.document_mask: a stage keeps one (B, 1, T, T) mask in the dtype per micro-batch in
+    flight (zoo.models.documents.attention_mask), whole on every tp rank; the planner's term is
+    what the built model keeps for its backward beyond the causal model's, but for the
+    positions (8 bytes a token)."""
+    import torch
+
+    from zoo.models.gpt import gpt_shape
+
+    cfg = ModelConfig(family="gpt", size="tiny", n_layer=2, block_size=32)
+    desc = describe_model(cfg, 256)
+    T, B = 32, 3
+
+    def extra(lay, stage):
+        args = dict(dtype="fp32", sequence_parallel=True, bucket_elems=0)
+        return (stage_memory(desc, lay, stage, document_mask=True, **args).activations
+                - stage_memory(desc, lay, stage, **args).activations)
+
+    assert extra(PlanLayout(tp=1, pp=1, dp=1, micro_batch_size=B, grad_accum=1), 0) == B * T * T * 4
+    pp2 = PlanLayout(tp=2, pp=2, dp=1, micro_batch_size=B, grad_accum=4)
+    assert (extra(pp2, 0), extra(pp2, 1)) == (2 * B * T * T * 4, B * T * T * 4)  # 2 in flight, then 1; tp splits none
+
+    def kept(model, x):
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x[:, :-1], x[:, 1:])
+        return sum(storages.values())
+
+    shape = gpt_shape("tiny", 256, n_layer=2, block_size=T)
+    x = torch.randint(2, 256, (B, T + 1), generator=torch.Generator().manual_seed(0))
+    x[:, 10] = 1
+    causal = build_model_cpu(shape)
+    masked = build_model_cpu(shape, document_end=1)
+    beyond = kept(masked, x) - kept(causal, x) - B * T * T * 4
+    assert 0 <= beyond <= B * T * 8, beyond  # the rest: the (B, T) int64 positions, not the planner's to count
+
+
+def build_model_cpu(shape, **kw):
+    import torch
+
+    from zoo.parallel.build import build_model
+
+    return build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu"), **kw)
