@@ -81,20 +81,27 @@ def test_document_masking_under_tp2_with_sequence_parallelism_matches_one_proces
     run_ranks(2, _tp_documents, family, True)
 
 
-def _saved_masks(model, block) -> tuple[int, int]:
-    """(mask-sized tensors autograd keeps for the backward, distinct storages among them)."""
-    B, T = block.shape
+def saved_tensors(model, inputs, targets) -> list:
+    """(storage address, storage bytes, shape) of each tensor one step keeps for its backward
+    (the backward is then run)."""
     kept = []
 
     def pack(t):
-        if t.dim() == 4 and tuple(t.shape[-2:]) == (T, T) and t.shape[0] == B:
-            kept.append(t.untyped_storage().data_ptr())
+        kept.append((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), tuple(t.shape)))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(block, torch.roll(block, -1, 1))
+        loss = model(inputs, targets)
     loss.backward()
-    return len(kept), len(set(kept))
+    return kept
+
+
+def _saved_masks(model, block) -> tuple[int, int]:
+    """(mask-sized tensors autograd keeps for the backward, distinct storages among them)."""
+    B, T = block.shape
+    masks = [ptr for ptr, _, shape in saved_tensors(model, block, torch.roll(block, -1, 1))
+             if len(shape) == 4 and shape[0] == B and shape[-2:] == (T, T)]
+    return len(masks), len(set(masks))
 
 
 @pytest.mark.parametrize("family", sorted(SHAPES))

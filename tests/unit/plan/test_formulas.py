@@ -124,7 +124,9 @@ def test_the_document_mask_is_one_mask_a_micro_batch_in_flight_as_the_model_keep
     positions (8 bytes a token)."""
     import torch
 
+    from tests.unit.models.test_document_mask import saved_tensors
     from zoo.models.gpt import gpt_shape
+    from zoo.parallel.build import build_model
 
     cfg = ModelConfig(family="gpt", size="tiny", n_layer=2, block_size=32)
     desc = describe_model(cfg, 256)
@@ -139,29 +141,13 @@ def test_the_document_mask_is_one_mask_a_micro_batch_in_flight_as_the_model_keep
     pp2 = PlanLayout(tp=2, pp=2, dp=1, micro_batch_size=B, grad_accum=4)
     assert (extra(pp2, 0), extra(pp2, 1)) == (2 * B * T * T * 4, B * T * T * 4)  # 2 in flight, then 1; tp splits none
 
-    def kept(model, x):
-        storages = {}
-
-        def pack(t):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(x[:, :-1], x[:, 1:])
-        return sum(storages.values())
+    def kept(model, x):  # bytes of the distinct storages kept for the backward
+        return sum(dict((ptr, n) for ptr, n, _ in saved_tensors(model, x[:, :-1], x[:, 1:])).values())
 
     shape = gpt_shape("tiny", 256, n_layer=2, block_size=T)
     x = torch.randint(2, 256, (B, T + 1), generator=torch.Generator().manual_seed(0))
     x[:, 10] = 1
-    causal = build_model_cpu(shape)
-    masked = build_model_cpu(shape, document_end=1)
+    causal = build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu"))
+    masked = build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu"), document_end=1)
     beyond = kept(masked, x) - kept(causal, x) - B * T * T * 4
     assert 0 <= beyond <= B * T * 8, beyond  # the rest: the (B, T) int64 positions, not the planner's to count
-
-
-def build_model_cpu(shape, **kw):
-    import torch
-
-    from zoo.parallel.build import build_model
-
-    return build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu"), **kw)
