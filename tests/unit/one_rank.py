@@ -1,6 +1,13 @@
 """What a unit test's fresh interpreter runs first to hold a one-rank DeepSpeed process group
 (gloo on a free loopback port, as zoo's ranks start: no shm op, no Muon import), with a tiny
-net, its batch X and three engine steps on it; and the run of such a script."""
+net, its batch X and three engine steps on it; and the run of such a script.
+
+The body runs in a namespace of its own that is emptied when it ends, then the process group
+is left as a zoo rank leaves it (zoo.worker.leave_process_group: the garbage collected, every
+group destroyed). Left to the interpreter's teardown, the engines' autograd graphs and gloo's
+pending work were freed after the groups' threads were shut down, and the process aborted
+after printing `ok` ("terminate called without an active exception": ZeRO-3 engines, under
+the suite's load)."""
 import subprocess
 import sys
 
@@ -31,8 +38,23 @@ def three_steps(engine):
 """
 
 
+EPILOGUE = """
+from zoo.worker import leave_process_group
+_body_globals = dict(globals())
+exec(compile(BODY, "<one-rank test body>", "exec"), _body_globals)
+_body_globals.clear()
+del _body_globals
+leave_process_group()
+"""
+
+
+def script(body: str) -> str:
+    """The interpreter's whole program: PROLOGUE, `body`, then the process group left."""
+    return PROLOGUE + f"BODY = {body!r}\n" + EPILOGUE
+
+
 def run_one_rank(body: str, timeout: int = 300) -> None:
     """Run PROLOGUE + body in a fresh interpreter; it must exit 0 and print `ok` last."""
-    out = subprocess.run([sys.executable, "-c", PROLOGUE + body], capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run([sys.executable, "-c", script(body)], capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "ok"

@@ -111,6 +111,9 @@ for stage in (1, 2, 3):
     engine.backward(engine(torch.randn(2, 8)).sum())
     engine.step()
 print("inductor", "torch._inductor.compile_fx" in sys.modules)
+del engine
+from zoo.worker import leave_process_group
+leave_process_group()  # while the interpreter is whole (tests/unit/one_rank.py says why)
 """
 
 
