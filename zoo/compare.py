@@ -32,7 +32,8 @@ RESULTS = [
     ("tokens_per_s", "tokens/s", "{:,.0f}"),
     ("samples_per_s", "samples/s", "{:,.1f}"),
     ("mfu", "MFU", "{:.1%}"),
-    ("peak_mem_bytes", "peak memory GiB", None),
+    ("peak_mem_bytes", "peak memory GiB", None),  # the largest rank's
+    ("peak_mem_rank", "peak memory rank", "{}"),
     ("peak_mem_share", "peak memory share", "{:.1%}"),
     ("comm_share", "communication share", "{:.1%}"),
     ("data_wait_share", "data wait share", "{:.1%}"),
@@ -199,13 +200,31 @@ def figure(runs: List[Run], heads: Optional[List[str]] = None):
     for ax in (loss_ax, speed_ax):
         ax.grid(alpha=0.3)
     handles, names = loss_ax.get_legend_handles_labels()
-    columns = min(len(names), 4)
-    rows = -(-len(names) // columns) if names else 0
-    legend_height = (0.15 + 0.2 * rows) / 4.5  # inches of the 4.5-inch figure, as a fraction
     if names:
-        fig.legend(handles, names, loc="lower center", ncol=columns, fontsize="small", frameon=False)
-    fig.tight_layout(rect=(0, legend_height, 1, 1))
+        _legend_below(fig, handles, names)
+    else:
+        fig.tight_layout()
     return fig
+
+
+def _legend_below(fig, handles, names) -> None:
+    """One legend under both panels that fits the figure's width: long labels wrapped, then
+    fewer columns until its measured width fits; the panels shrink to leave its measured height."""
+    import textwrap
+
+    names = [textwrap.fill(n, LEGEND_LABEL_CHARS) for n in names]
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.get_size_inches() * fig.dpi
+    for columns in range(min(len(names), 4), 0, -1):
+        legend = fig.legend(handles, names, loc="lower center", ncol=columns, fontsize="small", frameon=False)
+        box = legend.get_window_extent(renderer)
+        if box.width <= 0.98 * width or columns == 1:
+            break
+        legend.remove()
+    fig.tight_layout(rect=(0, min(0.6, (box.height + 6) / height), 1, 1))
+
+
+LEGEND_LABEL_CHARS = 60  # a label's line in the legend, at most
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -86,6 +86,25 @@ def _refuse_starting_over(run_dir: str) -> None:
               f"model.init_from={run_dir}/hf)", run_dir)
 
 
+def nothing_to_train(resume: str, run_dir: str, max_steps: int) -> str | None:
+    """The line refusing a resume whose checkpoint is already at trainer.max_steps (or past
+    it): it would train no step and write over the finished run's results. Read from the
+    checkpoint's state.json alone, before anything starts (the trainer checks the checkpoint it
+    really takes again)."""
+    from zoo.checkpoint.verify import newest_step, step_of
+
+    root = Path(run_dir if resume == "auto" else resume)
+    if (root / "state.json").is_file():  # resume=CHECKPOINT_DIR
+        found = (root, step_of(root))
+    else:  # resume=auto, or resume=RUN_DIR: its newest checkpoint
+        found = newest_step(root / "checkpoints" if (root / "checkpoints").is_dir() else root) or (root, None)
+    if found[1] is None or found[1] < max_steps:
+        return None
+    from zoo.config.continuation import refusal_at_step
+
+    return refusal_at_step(resume, found[0], found[1], max_steps)
+
+
 def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     """A resume in a run directory that has its config.yaml continues that config, with the
     command line's overrides on top (zoo.config.continuation); other starts are as composed."""
@@ -187,6 +206,10 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
         _refuse_overwriting(run_dir)
     elif cfg.resume == "auto":
         _refuse_starting_over(run_dir)
+    if cfg.resume:
+        problem = nothing_to_train(cfg.resume, run_dir, cfg.trainer.max_steps)
+        if problem:
+            _fail(problem, None)
     try:
         if cfg.parallel.auto:
             from zoo.config.ranges import check_ranges
@@ -290,7 +313,9 @@ def _launch_local(cfg: Config, layout, run_dir: str) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from zoo.run.errors import ZooError
+    from zoo.run.oom import oom_kills
 
+    kills_before = oom_kills()
     try:
         launch.launch_local(layout.world_size, cfg, run_dir, cfg.parallel.timeout_s, cfg.verbose,
                             dynamo=cfg.model.compile or layout.zero_stage == 3)
@@ -302,9 +327,27 @@ def _launch_local(cfg: Config, layout, run_dir: str) -> None:
         rank, first = _cause(err)
         if first.exitcode in REPORTED_EXITS:
             sys.exit(first.exitcode)  # that rank said why (the others were stopped)
+        kills = oom_kills()
+        if first.exitcode == -9 and kills is not None and kills_before is not None and kills > kills_before:
+            from zoo.run.oom import oom_line
+
+            print(f"zoo: error: {oom_line(rank, Path(run_dir), _planned_bytes(cfg, layout))}", file=sys.stderr,
+                  flush=True)
+            sys.exit(1)
         print(f"zoo: rank {rank} failed first (exit code {first.exitcode}): {_last_error_line(first.message)}",
               file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def _planned_bytes(cfg: Config, layout) -> float | None:
+    """The planner's memory estimate of one local rank (None for a family it does not describe)."""
+    from zoo.plan.dry_run import planned_vocab
+    from zoo.plan.fit import device_memory_bytes, run_memory
+
+    try:
+        return run_memory(cfg, layout, device_memory_bytes(layout.world_size), vocab_size=planned_vocab(cfg.data))[1]["total"]
+    except (ValueError, KeyError):
+        return None
 
 
 def _cause(err):

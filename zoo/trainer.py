@@ -82,7 +82,13 @@ class Trainer:
         self.stopped_early = None  # the step early stopping ended the run at
         self.last_eval = None  # the latest evaluation's record
         self.resumed_from = self._resume() if cfg.resume else None
+        if self.resumed_from is not None and self.step >= cfg.trainer.max_steps:  # nothing written yet
+            from zoo.config.continuation import refusal_at_step
+            from zoo.run.errors import ConfigError
+
+            raise ConfigError(refusal_at_step(cfg.resume, self.resumed_from, self.step, cfg.trainer.max_steps))
         self._test_overflow()
+        self._test_ballast()
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
         self.profile = None
         if cfg.trainer.profile.start:
@@ -178,6 +184,17 @@ class Trainer:
         if self.rank == rank:
             first = next(p for p in self.engine.module.parameters() if p.requires_grad)
             first.register_hook(lambda g: torch.full_like(g, float("inf")) if self.step + 1 == step else g)
+
+    def _test_ballast(self) -> None:
+        """Tests only: with ZOO_TEST_BALLAST_MB=RANK:MB, that rank touches MB more memory once
+        (its peak rises above the others': the run must report that rank's peak)."""
+        import os
+
+        spec = os.environ.get("ZOO_TEST_BALLAST_MB")
+        if spec:
+            rank, mb = (int(x) for x in spec.split(":"))
+            if self.rank == rank:
+                torch.ones(mb * 2**20 // 4, device=self.device)  # written, then freed: resident (CPU), allocated (CUDA)
 
     # -- steps ------------------------------------------------------------------------------
     def open_loader(self) -> StepLoader:
@@ -382,6 +399,8 @@ class Trainer:
                        f"global batch {t.global_batch_size} = micro {self.micro_batch_size} x accum "
                        f"{self.grad_accum} x dp {self.layout.dp}, {self.cfg.precision.dtype}")
         self.log.write(self.monitor.describe())
+        if self.monitor.precision_note:
+            self.log.write(f"zoo: warning: {self.monitor.precision_note}")
 
     def _timed_step(self, clock: "_LoopClock") -> torch.Tensor:
         """One optimizer step (profiled inside trainer.profile's window), timed without
@@ -482,22 +501,27 @@ class Trainer:
         steps = self.step - clock.first_step
         tokens_per_step = t.global_batch_size * self.task.tokens_per_sample()
         local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
-        per_rank = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, local)
+        per_rank = [None] * dist.get_world_size()  # (parameters held, peak memory) of each rank
+        dist.all_gather_object(per_rank, (local, peak_memory_bytes(self.device)))
+        peaks = [peak for _, peak in per_rank]
+        top = max(range(len(peaks)), key=peaks.__getitem__)
         return {
             "final_loss": clock.loss, **({} if eval_loss is None else {"eval_loss": eval_loss,
                                                                        "eval_samples": self.task.eval_samples()}),
             **self.monitor.summary(clock.train_time, steps),
             **extras, "tokens_per_s": tokens_per_step * steps / clock.train_time if clock.train_time else 0.0,
-            "steps": self.step, "world_size": self.layout.world_size, "tp": self.layout.tp,
+            "steps": self.step, "steps_run": steps, "world_size": self.layout.world_size, "tp": self.layout.tp,
             "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
-            "params": self.task.num_params(), "params_per_rank": per_rank,
+            "params": self.task.num_params(), "params_per_rank": [n for n, _ in per_rank],
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
             **({"best_eval_loss": self.eval_state["best"], "best_eval_step": self.eval_state["best_step"]}
                if self.eval_state["best"] is not None else {}),
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
-            "peak_mem_bytes": peak_memory_bytes(self.device), "wall_time_s": time.perf_counter() - clock.started,
+            # the largest rank's, which rank, and every rank's: memory is planned from the largest
+            "peak_mem_bytes": peaks[top], "peak_mem_rank": top, "peak_mem_bytes_per_rank": peaks,
+            **({"peak_mem_share": peaks[top] / self.monitor.device_memory} if steps else {}),
+            "wall_time_s": time.perf_counter() - clock.started,
             **({"checkpoint_stall_s": self.stall_s} if self.cfg.checkpoint.async_save else {}),
             **({"skipped_steps": engine_state.skipped_steps(self.engine),
                 "loss_scale": engine_state.loss_scale(self.engine)} if self.cfg.precision.dtype == "fp16" else {}),

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 from zoo.compare import Run, differing_keys, labels, table
 
@@ -46,16 +48,22 @@ def test_same_named_runs_are_told_apart_by_their_shortest_differing_path_ends():
     assert short_names(["/x/a/2026/run", "/x/b/2026/run"]) == ["a/2026/run", "b/2026/run"]
 
 
-def test_the_legend_covers_no_curve_and_no_axis_label():
-    """#33 item 9: four long-labelled runs with evaluations; the legend lies outside both panels
-    (their axes and their tick and axis labels)."""
+LONG = [f"model=llama model.size=tinyllama-1.1b parallel.tp={i} parallel.pp=2 optim.lr=3e-4 trainer.micro_batch_size={i}"
+        for i in range(1, 5)]  # 96 characters each: four side by side would be wider than the figure
+
+
+@pytest.mark.parametrize("heads", [None, LONG], ids=["labels", "long-labels"])
+def test_the_legend_covers_no_curve_and_no_axis_label(heads):
+    """#33 item 9: four labelled runs with evaluations; the legend lies outside both panels
+    (their axes and their tick and axis labels), and inside the picture, also with labels too
+    long for one row (#49: it was clipped at both edges)."""
     from zoo.compare import figure
 
     history = [{"step": s, "loss": 5.0 - s / 10, "tokens_per_s": 1000.0 + s, **({"eval_loss": 5.1 - s / 10}
                                                                               if s % 5 == 0 else {})} for s in range(1, 21)]
     runs = [Run(f"run{i}", {"optim.lr": i, "parallel.tp": i}, {"tp": i, "pp": 1, "dp": 1, "zero_stage": 1}, history)
             for i in range(1, 5)]
-    fig = figure(runs)
+    fig = figure(runs, heads)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     legend = fig.legends[0].get_window_extent(renderer)

@@ -29,6 +29,26 @@ def test_the_printed_continue_line_continues_a_llama_run_with_its_own_config(run
     assert (config["trainer"]["max_steps"], config["resume"]) == (4, "auto")
     assert resumed.summary["steps"] == 4 and resumed.summary["dp"] == 2
     assert sorted(losses_by_step(resumed)) == [1, 2, 3, 4]  # the step numbers go on in the same metrics
+    # the end line counts the steps this start ran, not the run's total
+    assert resumed.summary["steps_run"] == 2 and "zoo: run: 2 steps (steps 3-4), " in resumed.stdout
+    _a_resume_at_the_end_is_refused_and_changes_nothing(run_zoo, first.run_dir)
+
+
+def _a_resume_at_the_end_is_refused_and_changes_nothing(run_zoo, run_dir):
+    """resume=auto without a new trainer.max_steps on a run that reached it: one line naming the
+    step and the key, exit 2, and every file of the run as it was, byte for byte."""
+    files = sorted(p for p in run_dir.rglob("*") if p.is_file())
+    before = {p: p.read_bytes() for p in files}
+    again = run_zoo("resume=auto", run_dir=run_dir, check=False)
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-2000:]
+    errors = [line for line in again.stderr.splitlines() if line.startswith("zoo: error:")]
+    assert len(errors) == 1, again.stderr
+    assert "the run is at step 4" in errors[0] and "trainer.max_steps=4 leaves no step to train" in errors[0]
+    assert "trainer.max_steps=N, N > 4" in errors[0]
+    assert sorted(p for p in run_dir.rglob("*") if p.is_file()) == files
+    assert {p: p.read_bytes() for p in files} == before
+    fewer = run_zoo("resume=auto", "trainer.max_steps=3", run_dir=run_dir, check=False)  # below the step: the same
+    assert fewer.returncode == 2 and "the run is at step 4" in fewer.stderr
 
 
 def test_a_finished_run_without_a_checkpoint_is_not_started_over_and_not_offered_the_line(run_zoo, tmp_path):

@@ -70,6 +70,35 @@ def test_a_rank_that_dies_or_hangs_ends_the_whole_job(tmp_path, zoo_cache, how):
     assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
 
 
+def test_a_rank_the_out_of_memory_killer_took_is_named_with_its_fix(tmp_path, zoo_cache):
+    """#49 item 7, #50 item 3: a rank killed by SIGKILL while the kernel's out-of-memory kill
+    count rose (faked here: a real kill with a counter file in place of /proc/vmstat) is named
+    as such in one line, with the last measured peak, the planner's estimate, the checkpoint
+    resume=auto takes and the fix; not "exit code -9"."""
+    counter = tmp_path / "oom_kill"
+    counter.write_text("7\n")
+    run_dir = tmp_path / "oom"
+    env = {**os.environ, "ZOO_TEST_OOM_COUNTER": str(counter)}
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", *FAST, "parallel=zero1",
+                             "trainer.max_steps=100000", "checkpoint.every=1", "trainer.log_every=1"],
+                            cwd=REPO, env={**env, "ZOO_CACHE": str(zoo_cache), "OMP_NUM_THREADS": "1",
+                                           "WANDB_MODE": "disabled"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_training(run_dir, proc)
+    counter.write_text("8\n")  # what the kernel counts when its out-of-memory killer takes a process
+    workers(proc)[1].send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith("zoo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    line = lines[0]
+    assert "rank 1 was killed by the kernel's out-of-memory killer" in line
+    assert "the last measured peak was " in line and "GiB a rank (rank " in line
+    assert "the planner estimated " in line and "resume=auto takes checkpoint step_" in line
+    assert "a smaller trainer.micro_batch_size" in line and "model.activation_checkpointing=true" in line
+    assert "failed first" not in err
+
+
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path, zoo_cache):
     run_dir = tmp_path / "term"
     proc = start(run_dir, zoo_cache, "parallel=zero1", "trainer.max_steps=100000", "checkpoint.every=100000")

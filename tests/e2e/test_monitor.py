@@ -47,6 +47,22 @@ def test_monitor_readings_on_a_pipeline(run_zoo):
     assert all(part in line for part in ("gnorm", "tok/s", "MFU", "mem", "comm", "data wait")), line
 
 
+@pytest.mark.parametrize("layout", [["parallel=zero1"], ["parallel=tp"]], ids=["zero1", "tp2"])
+def test_the_reported_peak_memory_is_the_largest_ranks(run_zoo, layout):
+    """Rank 1 made to touch 400 MB more than rank 0: the step records, summary.json and the end
+    line give rank 1's peak and name it, not rank 0's (which users would plan from)."""
+    ballast = 400 * 2**20
+    run = run_zoo(*FAST, *layout, "trainer.max_steps=2", "trainer.log_every=1",
+                  env={"ZOO_TEST_BALLAST_MB": f"1:{ballast // 2**20}"})
+    s = run.summary
+    per_rank = s["peak_mem_bytes_per_rank"]
+    assert len(per_rank) == 2 and per_rank[1] > per_rank[0] + ballast // 2, per_rank
+    assert s["peak_mem_rank"] == 1 and s["peak_mem_bytes"] == per_rank[1]
+    assert all(m["peak_mem_rank"] == 1 and m["peak_mem_bytes"] > per_rank[0] for m in run.metrics)
+    assert s["peak_mem_share"] >= max(m["peak_mem_share"] for m in run.metrics)
+    assert f"peak memory {per_rank[1] / 2**30:.2f} GiB (rank 1, the largest of 2)" in run.stdout
+
+
 def slow_loading_main() -> None:
     """`python -m zoo.train` with a GPT task whose training batches take SLOW_COLLATE_S each
     to build: a loader that really cannot keep up (run in the test's subprocess)."""

@@ -97,6 +97,8 @@ def test_offline_run_logs_config_history_and_summary(offline):
     run_dirs = list((offline.run_dir / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1, run_dirs  # rank 1 never opened a run
     assert "offline" in offline.stderr and "wandb sync" in offline.stderr
+    # zoo's one line says where it logs; wandb's own three (offline, saved in, `wandb leet`) are not printed
+    assert not [line for line in offline.stderr.splitlines() if line.startswith("wandb:")], offline.stderr[-2000:]
     logged = read_offline_run(next(run_dirs[0].glob("run-*.wandb")))
     assert (logged["name"], logged["group"], logged["project"]) == ("gpt-tiny_tp1-pp1-dp2_zero1", "gpt-tiny", "zoo")
     config = logged["config"]
@@ -110,6 +112,9 @@ def test_offline_run_logs_config_history_and_summary(offline):
             assert h[key] == pytest.approx(m[key], rel=1e-12), key
     assert logged["summary"]["final_loss"] == pytest.approx(offline.summary["final_loss"])
     assert logged["summary"]["eval_loss"] == pytest.approx(offline.summary["eval_loss"])
+    # the largest rank's peak memory, and which rank (#49)
+    assert (logged["summary"]["peak_mem_bytes"], logged["summary"]["peak_mem_rank"]) == \
+        (offline.summary["peak_mem_bytes"], offline.summary["peak_mem_rank"])
     # the run's figures, not the last step's: the summary is written after the last history row
     for key in ("tokens_per_s", "mfu"):
         assert logged["summary"][key] == pytest.approx(offline.summary[key], rel=1e-9), key

@@ -64,6 +64,24 @@ def _candidates(root: Path) -> List[Path]:
     return first + [p for p in steps if p not in first]
 
 
+def step_of(checkpoint: Path) -> Optional[int]:
+    """The step a checkpoint holds, from its state.json alone (nothing verified: a cheap look
+    before launch); None where that is not readable."""
+    try:
+        return int(json.loads((checkpoint / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def newest_step(root: Path) -> Optional[Tuple[Path, int]]:
+    """(the checkpoint under `root` a resume would take first, its step); None when there is none readable."""
+    for path in _candidates(root) if root.is_dir() else []:
+        step = step_of(path)
+        if step is not None:
+            return path, step
+    return None
+
+
 def newest_intact(root: Path) -> Tuple[Optional[Path], List[str]]:
     """(the newest intact checkpoint under `root`, one line for each damaged one passed over).
     (None, []) when there is no checkpoint at all; CheckpointError when none is intact."""

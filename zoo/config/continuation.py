@@ -113,3 +113,11 @@ def continued_config(fresh: Dict[str, Any], saved_yaml: str, overrides: Iterable
         if value is not _ABSENT:  # a `~key` deletion leaves the run's value
             _assign(merged, path, value)
     return merged
+
+
+def refusal_at_step(resume: str, checkpoint: Path, step: int, max_steps: int) -> str:
+    """resume=...: the checkpoint at `step` leaves no step to train under trainer.max_steps (a
+    run that trains no step would write over the finished run's results)."""
+    return (f"resume={resume}: the run is at step {step} ({checkpoint}) and trainer.max_steps={max_steps} leaves "
+            f"no step to train; nothing was changed: continue with trainer.max_steps=N, N > {step} (e.g. "
+            f"trainer.max_steps={2 * step})")

@@ -140,3 +140,17 @@ def device_peak_flops(device: torch.device, dtype: str, cache_dir: Optional[str]
             return fp32, (f"{fp32_how}: a {dtype} matmul measured slower here ({peak / 1e12:.3g} TFLOP/s), "
                           f"so the fp32 rate is the device's peak")
     return peak, how
+
+
+def cpu_fp16_note(dtype: str, cache_dir: Optional[str] = None) -> Optional[str]:
+    """precision=fp16 on a CPU: one line with the measured matmul rates of fp16, fp32 and bf16
+    here (cached as the peak is) and the choice to make; None for other precisions. A CPU
+    computes fp16 without native units, and DeepSpeed's fp16 path adds loss scaling: a
+    30-step run of the default model went at 978 tokens/s against fp32's 5,418."""
+    if dtype != "fp16":
+        return None
+    rate = {d: cached_cpu_peak_flops(d, cache_dir)[0] / 1e12 for d in ("fp16", "fp32", "bf16")}
+    fast = "bf16" if rate["bf16"] >= rate["fp32"] else "fp32"
+    return (f"precision=fp16 on a CPU: an fp16 matmul runs at {rate['fp16']:.3g} TFLOP/s here against fp32's "
+            f"{rate['fp32']:.3g} and bf16's {rate['bf16']:.3g}, and fp16 adds loss scaling, so expect several times "
+            f"fp32's step time; precision={fast} is the fast choice on a CPU (fp16 is for GPUs)")

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from zoo.engine import state as engine_state
 from zoo.observe.comm_timer import CommTimer
-from zoo.observe.flops import device_peak_flops, model_flops_per_sample
+from zoo.observe.flops import cpu_fp16_note, device_peak_flops, model_flops_per_sample
 from zoo.observe.metrics import peak_memory_bytes
 
 # (reading, threshold, above?, what is likely wrong and what to try)
@@ -174,6 +174,8 @@ class Monitor:
         self.peak_flops, self.peak_source = (device_peak_flops(device, cfg.precision.dtype, cfg.data.cache_dir)
                                              if rank == 0 else (None, ""))
         self.device_memory = device_memory_bytes(device)
+        self.precision_note = (cpu_fp16_note(cfg.precision.dtype, cfg.data.cache_dir)  # said once, at the start
+                               if rank == 0 and device.type == "cpu" else None)
         # Real tokens / padded slots of the run's batches, as the task says; fixed-size samples: 1.
         self.padding_efficiency = task.padding_efficiency() if rank == 0 else 1.0
         self.comm = CommTimer(device)
@@ -239,7 +241,7 @@ class Monitor:
                 "skipped_share": engine_state.skipped_steps(self.engine) / max(step, 1)} if self.fp16 else {}),
             "tokens_per_s": self.tokens_per_step / step_time, "samples_per_s": self.samples_per_step / step_time,
             "step_time_s": step_time, "mfu": self.mfu(step_time),
-            "peak_mem_bytes": int(ranks[:, 2].max()), "peak_mem_share": float(ranks[:, 2].max()) / self.device_memory,
+            "peak_mem_bytes": int(ranks[:, 2].max()), "peak_mem_rank": int(ranks[:, 2].argmax()), "peak_mem_share": float(ranks[:, 2].max()) / self.device_memory,
             "gpu_util": float(utils.mean()) if len(utils) else None,
             # One rank has no peer to communicate with: its few no-op collectives are no share.
             "comm_share": min(1.0, float(ranks[:, 0].mean())) if self.layout.world_size > 1 else None,

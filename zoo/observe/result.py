@@ -51,11 +51,15 @@ def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True, resum
     """`export`: the family has a Hugging Face form; `resumable`: a checkpoint of the last step exists."""
     speed = (f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") and s.get("tokens_per_s") !=
              s.get("samples_per_s") else f"{s.get('samples_per_s', 0):,.1f} samples/s")
-    facts = [f"{s.get('steps', 0)} steps, {s.get('wall_time_s', 0):.1f} s from the first step to the end", speed]
+    ran, at = s.get("steps_run", s.get("steps", 0)), s.get("steps", 0)  # a resumed run: this start's steps
+    steps = f"{ran} steps" + (f" (steps {at - ran + 1}-{at})" if ran != at else "")
+    facts = [f"{steps}, {s.get('wall_time_s', 0):.1f} s from the first step to the end", speed]
     if _number(s.get("mfu")) is not None:
         facts.append(f"MFU {s['mfu']:.1%}")
     if s.get("peak_mem_bytes"):
-        facts.append(f"peak memory {s['peak_mem_bytes'] / 2**30:.2f} GiB")
+        ranks = len(s.get("peak_mem_bytes_per_rank") or [])
+        facts.append(f"peak memory {s['peak_mem_bytes'] / 2**30:.2f} GiB"
+                     + (f" (rank {s['peak_mem_rank']}, the largest of {ranks})" if ranks > 1 else ""))
     lines = ["zoo: result: " + _metric(s), "zoo: run: " + ", ".join(facts)]
     if s.get("stopped_early_at_step"):
         lines.append(f"zoo: stopped early at step {s['stopped_early_at_step']} (trainer.early_stop): the best eval loss "

@@ -166,7 +166,7 @@ def _start_wandb(cfg: Config, layout: Layout, run_dir: Path, extra_config: Dict[
                           name=lg.name or default_name(cfg.model, layout), tags=list(lg.tags) or None, mode=mode,
                           dir=str(run_dir), id=run_id, resume="allow",
                           config={**(recorded or dataclasses.asdict(cfg)), **extra_config},
-                          settings=wandb.Settings(console="off", quiet=True))
+                          settings=wandb.Settings(console="off", quiet=True, silent=not cfg.verbose))  # zoo says where it logs
 
     try:
         run = init(mode, run_id)

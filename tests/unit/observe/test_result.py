@@ -45,3 +45,15 @@ def test_console_numbers_have_one_precision():
     line = console_line({**base, "grad_norm": 1.0, "comm_share": 0.01, "data_wait_share": 0.002})
     assert "gnorm 1.00" in line and "comm 1.0%" in line and "data wait 0.2%" in line
     assert "gnorm 0.797" in console_line({**base, "grad_norm": 0.797})
+
+
+def test_a_resumed_run_counts_its_own_steps_and_the_peak_names_the_largest_rank(tmp_path):
+    """#49: a start that resumed at step 44 and ran to 80 says 36 steps, not 80; the peak is
+    the largest rank's, named, where there are several."""
+    resumed = {**GPT, "steps": 80, "steps_run": 36, "peak_mem_bytes": 2**30, "peak_mem_rank": 3,
+               "peak_mem_bytes_per_rank": [2**29, 2**29, 2**29, 2**30]}
+    line = result_lines(resumed, tmp_path)[1]
+    assert line.startswith("zoo: run: 36 steps (steps 45-80), 81.3 s from the first step to the end")
+    assert line.endswith("peak memory 1.00 GiB (rank 3, the largest of 4)")
+    one_rank = {**GPT, "steps_run": 200, "peak_mem_bytes_per_rank": [457363456], "peak_mem_rank": 0}
+    assert result_lines(one_rank, tmp_path)[1] == result_lines(GPT, tmp_path)[1]  # nothing to name with one rank
