@@ -33,3 +33,36 @@ def test_a_bad_dry_run_is_refused_like_a_run(run_zoo, tmp_path):
     run = run_zoo("model.size=llama3-8b", "--dry-run", run_dir=tmp_path / "run", check=False)
     assert run.returncode == 2 and "zoo: error: model.size='llama3-8b' is a size of model.family=llama" in run.stderr
     assert "add model=llama" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_planners_command_builds_the_planned_model_and_a_dry_run_says_when_it_does_not(run_zoo, tmp_path):
+    """#49 item 3: the planner's printed command carries the vocabulary it planned with, so its
+    dry run builds the parameter count it planned; without it the default corpus's tokenizer
+    would size the model, and the dry run says so in one line."""
+    import dataclasses
+    import json
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from tests.conftest import REPO
+    from zoo.plan.__main__ import run
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        plan_cfg = OmegaConf.to_object(compose(config_name="plan", overrides=[
+            "model=llama", "model.size=llama3-8b", "cluster=h200", "trainer.global_batch_size=64"]))
+    planned = json.loads(run(dataclasses.replace(plan_cfg, plan=dataclasses.replace(plan_cfg.plan, format="json")))
+                         )["model"]["num_params"]
+    command = next(line for line in run(plan_cfg).splitlines() if line.startswith("  train with: "))
+    overrides = shlex.split(command.split("python -m zoo.train ", 1)[1])
+    assert "model.vocab_size=128256" in overrides  # llama3-8b's published vocabulary, padded as training pads it
+    out = run_zoo(*overrides, "--dry-run", run_dir=tmp_path / "run").stdout
+    assert f"{planned:,} parameters" in out and planned == 8_030_261_248, out
+    assert "NOT the planned model" not in out
+    without = run_zoo(*[o for o in overrides if not o.startswith("model.vocab_size=")], "--dry-run",
+                      run_dir=tmp_path / "run").stdout
+    line = next(line for line in without.splitlines() if "NOT the planned model" in line)
+    assert "tokenizer's 4,096 tokens (data=pydoc)" in line and "llama3-8b's published 128,256" in line
+    assert f"plans {planned:,} for model.size=llama3-8b" in line and "add model.vocab_size=128256" in line
+

@@ -155,8 +155,7 @@ def hydra_message_line(text: str, schema=None) -> str:
         if stripped.startswith("Config search path"):
             break
         if line.startswith("\t") and parts and parts[-1].startswith("Available options"):
-            if not stripped.endswith("_schema"):  # the typed schema zoo registers under each group
-                options.append(stripped)
+            options.append(stripped)
             continue
         if options:
             parts[-1] += " " + ", ".join(options)

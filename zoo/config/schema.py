@@ -346,11 +346,10 @@ SECTIONS = {
 
 
 def register_configs() -> None:
-    """Register the schemas so that `conf/` files can name them in their defaults."""
-    cs = ConfigStore.instance()
-    cs.store(name="zoo_schema", node=Config)
-    for group, node in SECTIONS.items():
-        cs.store(group=group, name=f"{group}_schema", node=node)
+    """Register the schema so that conf/config.yaml can name it in its defaults (the whole config
+    only: a section's schema stored in its group would be a choice, `data=data_schema`, and
+    listed by --help)."""
+    ConfigStore.instance().store(name="zoo_schema", node=Config)
 
 
 def config_from_yaml(text: str) -> Config:

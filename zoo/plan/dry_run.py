@@ -26,6 +26,27 @@ def planned_vocab(d: DataConfig) -> int:
     return d.vocab_size if not d.tokenizer and d.name != "prepared" else GPT2_VOCAB
 
 
+def _unplanned_vocab(cfg: Config, spec, mem) -> str | None:
+    """One line when the model this run builds is not the one `python -m zoo.plan` plans for its
+    size preset: model.vocab_size is left to the run's tokenizer, whose vocabulary is not the
+    published model's (the planner's printed command sets model.vocab_size to what it planned)."""
+    m = cfg.model
+    published = spec.published.get(m.size)
+    if mem is None or published is None or m.vocab_size is not None or m.init_from:
+        return None
+    from zoo.families.transformer import padded_vocab
+    from zoo.plan.describe import describe_model
+
+    ours, theirs = planned_vocab(cfg.data), published[0]
+    if padded_vocab(ours, m) == padded_vocab(theirs, m):
+        return None
+    planned = describe_model(m, theirs).num_params
+    return (f"model: NOT the planned model: the vocabulary is the run's tokenizer's {ours:,} tokens ({'data.tokenizer' if cfg.data.tokenizer else f'data={cfg.data.name}'}), "
+            f"not {m.size}'s published {theirs:,}, so it builds {mem['num_params']:,} parameters where "
+            f"python -m zoo.plan plans {planned:,} for model.size={m.size}: add model.vocab_size="
+            f"{padded_vocab(theirs, m)} to build the planned model (or plan with plan.vocab_size={ours})")
+
+
 def _bytes(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
@@ -80,6 +101,9 @@ def dry_run_lines(cfg: Config, layout, spec, device_mem_bytes: float, device: st
                      f"{_bytes(mem['total'])} per device ({parts}) against {_bytes(mem['limit'])} usable of the "
                      f"{_bytes(device_mem_bytes)} {device} ({mem['limit'] / device_mem_bytes:.0%}): "
                      + ("fits" if fits else "does NOT fit (see the warning above)"))
+    differs = _unplanned_vocab(cfg, spec, mem)
+    if differs:
+        lines.append(differs)
     if d.mix:
         source = "data.mix: " + "; ".join(f"{_source_size(m['name'], m.get('path'), spec.reads)} x{m.get('weight', 1)}"
                                           for m in d.mix)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List
 
+from zoo.plan.report import train_overrides
 from zoo.plan.search import Candidate, Plan
 
 GB = 1e9
@@ -59,19 +60,8 @@ def check_measure(plan: Plan, devices_here: int) -> int:
     return k
 
 
-def planned_overrides(plan: Plan, cand: Candidate) -> List[str]:
-    """The plan's training command for `cand`, with the vocabulary it was planned for."""
-    from zoo.families.transformer import padded_vocab
-    from zoo.plan.report import train_overrides
-
-    model = plan.model
-    vocab = ([] if model is None or model.vocab_size is not None or not plan.vocab_size
-             else [f"model.vocab_size={padded_vocab(plan.vocab_size, model)}"])
-    return [*train_overrides(plan, cand), *vocab]
-
-
 def train_command(plan: Plan, cand: Candidate, run_dir: Path, steps: int) -> List[str]:
-    return [sys.executable, "-m", "zoo.train", *planned_overrides(plan, cand), f"trainer.max_steps={steps}",
+    return [sys.executable, "-m", "zoo.train", *train_overrides(plan, cand), f"trainer.max_steps={steps}",
             "logger=none", "trainer.sample_tokens=0", "trainer.eval_every=0", "trainer.progress=false",
             "checkpoint.save_final=false", "optim.warmup_steps=1", f"hydra.run.dir={run_dir}"]
 
@@ -117,7 +107,7 @@ def report(plan: Plan, runs: List[Measured], steps: int) -> str:
     order = sorted(range(len(runs)), key=lambda i: runs[i].step_s)
     lines += [f"  by measurement: {', '.join(f'#{i + 1}' for i in order)}; the planner's pick (#1) measured "
               f"{pick.step_s / best.step_s - 1:+.0%} against the fastest (#{order[0] + 1}, {name(best.candidate)})",
-              f"  train with: python -m zoo.train {' '.join(planned_overrides(plan, best.candidate))}"]
+              f"  train with: python -m zoo.train {' '.join(train_overrides(plan, best.candidate))}"]
     return "\n".join(lines) + "\n"
 
 

@@ -14,23 +14,28 @@ from zoo.plan.step_time import spans_nodes
 WIDTH = 110  # the text output's lines (the training command stays one line, to copy)
 
 
+def _link(c) -> str:
+    """What joins the devices of a node: NVLink between GPUs; loopback between CPU ranks."""
+    return "NVLink" if c.device == "GPU" else "loopback"
+
+
 def _best(cands: List[Candidate], pred) -> Optional[Candidate]:
     return next((c for c in cands if pred(c)), None)
 
 
 def _model_split_reason(p: Plan, best: Candidate) -> str:
-    lay, usable = best.layout, p.usable_bytes
+    lay, usable, gpu = best.layout, p.usable_bytes, p.cluster.device
     replica = model_state_bytes(p.desc.num_params, 1, 0, p.dtype).total
     if lay.tp == lay.pp == 1 and replica > usable:
         states = best.mem.params + best.mem.grads + best.mem.optimizer
         return (f"Data parallelism with the model states partitioned: a whole replica ({replica / GB:.1f} GB of "
-                f"parameters, gradients and Adam states) is more than one GPU's {usable / GB:.1f} GB usable, but "
-                f"ZeRO-{lay.zero_stage} over dp={lay.dp} leaves each GPU {states / GB:.1f} GB of them, so tp=1, pp=1: "
+                f"parameters, gradients and Adam states) is more than one {gpu}'s {usable / GB:.1f} GB usable, but "
+                f"ZeRO-{lay.zero_stage} over dp={lay.dp} leaves each {gpu} {states / GB:.1f} GB of them, so tp=1, pp=1: "
                 f"no model-parallel communication, ZeRO's gathers and reduce-scatters instead.")
     if lay.tp == lay.pp == 1:
         return (f"Data parallelism while the model fits: a whole replica ({replica / GB:.1f} GB of parameters, "
-                f"gradients and Adam states) fits one GPU's {usable / GB:.1f} GB usable, so tp=1, pp=1 and every "
-                f"GPU is a replica: no model-parallel communication at all.")
+                f"gradients and Adam states) fits one {gpu}'s {usable / GB:.1f} GB usable, so tp=1, pp=1 and every "
+                f"{gpu} is a replica: no model-parallel communication at all.")
     replicas = [x for x in p.candidates if x.layout.tp == x.layout.pp == 1]
     pure_dp = _best(replicas, lambda x: x.fits)
     if not replicas:
@@ -60,8 +65,8 @@ def reasons(p: Plan) -> List[str]:
                    f"{best.time.total / fastest.time.total - 1:.1%} faster, within the estimates' precision "
                    f"(plan.prefer_simpler_within={p.plan.prefer_simpler_within:g}): pure data parallelism wins.")
     if lay.tp > 1:
-        out.append(f"Tensor parallelism inside a node: tp={lay.tp} of the {c.gpus_per_node} GPUs of a node; its 4 "
-                   f"all-reduces per layer per micro-batch run over NVLink at {c.intra_node_gbps:g} GB/s "
+        out.append(f"Tensor parallelism inside a node: tp={lay.tp} of the {c.gpus_per_node} {c.device}s of a node; its 4 "
+                   f"all-reduces per layer per micro-batch run over {_link(c)} at {c.intra_node_gbps:g} GB/s "
                    f"({best.time.tp_comm:.3g} s/step).")
     if lay.pp > 1:
         counts = stage_layer_counts(p.desc.n_layer, lay.pp)
@@ -82,7 +87,7 @@ def reasons(p: Plan) -> List[str]:
                    + ("; ZeRO-2/3 are not possible with pp > 1 (DeepSpeed's pipeline engine supports ZeRO-1)."
                       if lay.pp > 1 else "."))
     else:
-        out.append("dp=1: the model-parallel ranks take every GPU, so there is no data parallelism.")
+        out.append(f"dp=1: the model-parallel ranks take every {c.device}, so there is no data parallelism.")
     m = lay.grad_accum
     if lay.pp > 1:
         ratio = m / lay.pp
@@ -90,7 +95,7 @@ def reasons(p: Plan) -> List[str]:
         out.append(f"Micro-batches: {m} per step = {ratio:.1f}x the {lay.pp} stages (aim for at least 2-4x){advice}; "
                    f"bubble (p-1)/(m+p-1) = {(lay.pp - 1) / (m + lay.pp - 1):.1%} of the pipeline time.")
     out.append(f"Gradient accumulation {m} = global batch {p.global_batch_size} / (micro-batch {lay.micro_batch_size} "
-               f"x dp {lay.dp}), reaching the global batch with {best.mem.activations / GB:.1f} GB of activations per GPU.")
+               f"x dp {lay.dp}), reaching the global batch with {best.mem.activations / GB:.1f} GB of activations per {c.device}.")
     if lay.activation_checkpointing:
         out.append("Activation checkpointing on: without it nothing as fast fits; recomputation costs one more "
                    "forward of the layers (+1/3 of their compute).")
@@ -137,24 +142,24 @@ def render_text(p: Plan) -> str:
     out = [f"model {d.name}: {d.num_params / 1e9:.3f}B parameters, {d.n_layer} layers, hidden {d.hidden_size}, "
            f"context {d.tokens_per_sample}; {p.dtype}{DTYPE_NOTES.get(p.dtype, '')}, global batch "
            f"{p.global_batch_size}",
-           f"cluster {c.name}: {c.nodes} node(s) x {c.gpus_per_node} GPUs = {world}, {c.gpu_mem_gb:g} GB each "
+           f"cluster {c.name}: {c.nodes} node(s) x {c.gpus_per_node} {c.device}s = {world}, {c.gpu_mem_gb:g} GB each "
            f"({p.plan.mem_fraction:.0%} usable: {p.usable_bytes / GB:.1f} GB), {c.peak_tflops:g} TFLOP/s peak at "
-           f"{c.mfu:.0%} MFU, NVLink {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per node",
+           f"{c.mfu:.0%} MFU, {_link(c)} {c.intra_node_gbps:g} GB/s, network {c.inter_node_gbps:g} GB/s per node",
            f"{len(p.candidates)} layouts estimated, {sum(x.fits for x in p.candidates)} fit", ""]
     best = p.recommended
     if best is None:
         smallest = min(p.candidates, key=lambda x: x.mem.total)
-        out += [f"NOTHING FITS: the smallest estimate is {smallest.mem.total / GB:.1f} GB per GPU "
+        out += [f"NOTHING FITS: the smallest estimate is {smallest.mem.total / GB:.1f} GB per {c.device} "
                 f"(tp={smallest.layout.tp}, pp={smallest.layout.pp}, ZeRO-{smallest.layout.zero_stage}, "
                 f"micro-batch {smallest.layout.micro_batch_size}) > {p.usable_bytes / GB:.1f} GB usable; add nodes "
-                f"(cluster.nodes), use larger GPUs, or allow more plan.micro_batch_sizes/zero_stages.", "", HEADER,
+                f"(cluster.nodes), use larger {c.device}s, or allow more plan.micro_batch_sizes/zero_stages.", "", HEADER,
                 _row(1, smallest)]
         return "\n".join(out) + "\n"
     lay = best.layout
     head = [f"RECOMMENDED: tp={lay.tp} pp={lay.pp} dp={lay.dp} zero_stage={lay.zero_stage} "
             f"micro_batch_size={lay.micro_batch_size} grad_accum={lay.grad_accum} "
             f"activation_checkpointing={str(lay.activation_checkpointing).lower()}",
-            f"  {best.mem.total / GB:.1f} GB per GPU, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s",
+            f"  {best.mem.total / GB:.1f} GB per {c.device}, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s",
             "  step (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items()
                                           if k != "total" and (v or k != "overhead")),  # overhead: where a preset has it
             "  train with: python -m zoo.train " + " ".join(train_overrides(p, best)),
@@ -163,7 +168,7 @@ def render_text(p: Plan) -> str:
     # The recommendation leads; then its reasons, the setting it was planned for, the runners-up.
     why = [textwrap.fill(r, WIDTH, initial_indent="- ", subsequent_indent="  ") for r in reasons(p)]
     out = head + ["", "Why:"] + why + [""] + [textwrap.fill(line, WIDTH, subsequent_indent="  ") for line in out]
-    out += [f"Best {min(p.plan.top, len(p.candidates))} of {len(p.candidates)} (memory in GB per GPU):", HEADER]
+    out += [f"Best {min(p.plan.top, len(p.candidates))} of {len(p.candidates)} (memory in GB per {p.cluster.device}):", HEADER]
     out += [_row(i + 1, x) for i, x in enumerate(p.candidates[:p.plan.top])]
     if c.runtime_gb > 0:
         out.append(f"  (total includes {c.runtime_gb:g} GB a rank takes before any model: cluster.runtime_gb)")
@@ -201,7 +206,7 @@ def host_lines(p: Plan, best: Candidate) -> List[str]:
 
 def train_overrides(p: Plan, best: Candidate) -> List[str]:
     """The `python -m zoo.train` overrides that reproduce the planned run: the model as given
-    (family, size and every changed key), the precision planned for (training defaults to
+    (family, size and every changed key) with the vocabulary planned for, the precision planned for (training defaults to
     fp32), the layout and the batch, and data.document_mask where planned for."""
     from dataclasses import fields
 
@@ -215,6 +220,12 @@ def train_overrides(p: Plan, best: Candidate) -> List[str]:
         out += [f"model.{f.name}={getattr(model, f.name)}" for f in fields(ModelConfig)
                 if f.name not in ("family", "size", "activation_checkpointing")
                 and getattr(model, f.name) != getattr(defaults, f.name)]
+        if model.vocab_size is None and p.vocab_size and not model.init_from:
+            # the vocabulary planned for (padded as training pads it); left out, the run's own
+            # tokenizer would size the model (the default corpus's: 4,096 tokens)
+            from zoo.families.transformer import padded_vocab
+
+            out.append(f"model.vocab_size={padded_vocab(p.vocab_size, model)}")
     batch = (f"parallel.num_microbatches={lay.grad_accum}" if lay.pp > 1  # the engine derives the micro-batch
              else f"trainer.micro_batch_size={lay.micro_batch_size}")
     out += [f"precision={p.dtype}", f"parallel.tp={lay.tp}", f"parallel.pp={lay.pp}", f"parallel.dp={lay.dp}",

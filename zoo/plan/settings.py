@@ -27,6 +27,9 @@ class ClusterConfig:
     """Number of nodes."""
     gpus_per_node: int = 8
     """Accelerators per node (the tensor-parallel group stays inside one node)."""
+    device: str = "GPU"
+    """What one of them is, as the plan's reasons and tables name it (`GPU`; the cpu preset's
+    `CPU rank`: a gloo rank whose share of the host's RAM is its memory)."""
     gpu_mem_gb: float = 80.0
     """Memory of one accelerator, GB (1e9 bytes)."""
     runtime_gb: float = 0.0
@@ -131,10 +134,8 @@ class PlanRunConfig:
 
 
 def register_plan_configs() -> None:
-    """Register the planner's schemas so that `conf/plan.yaml` and `conf/cluster/` can name them."""
-    cs = ConfigStore.instance()
-    cs.store(name="zoo_plan_schema", node=PlanRunConfig)
-    cs.store(group="cluster", name="cluster_schema", node=ClusterConfig)
+    """Register the planner's schema so that `conf/plan.yaml` can name it (not a cluster choice)."""
+    ConfigStore.instance().store(name="zoo_plan_schema", node=PlanRunConfig)
 
 
 def _positive(value: float, key: str, fix: str) -> None:

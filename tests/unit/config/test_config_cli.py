@@ -14,7 +14,6 @@ Available options in 'model':
 \tbert
 \tcnn
 \tgpt
-\tmodel_schema
 Config search path:
 \tprovider=hydra, path=pkg://hydra.conf
 \tprovider=main, path=file:///somewhere/conf
@@ -77,3 +76,29 @@ def test_a_misspelled_key_gets_the_nearest_real_key_not_hydras_append_advice():
     schema = OmegaConf.structured(Config)
     err = _raised(lambda: OmegaConf.merge(schema, OmegaConf.create({"trainer": {"max_step": 1}})))
     assert "did you mean trainer.max_steps?" in omegaconf_error_line(err)
+
+
+def test_the_schema_is_no_group_choice_and_help_lists_none():
+    """#49 item 7: the typed schema was also stored in each group: `--help` listed data_schema,
+    parallel_schema, ... as choices and `data=data_schema` composed."""
+    import subprocess
+    import sys
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import MissingConfigException
+
+    from zoo.plan.settings import register_plan_configs
+
+    from tests.conftest import REPO
+    from zoo.config.schema import SECTIONS, register_configs
+
+    register_configs()
+    register_plan_configs()
+    for config, group in [*(("config", g) for g in SECTIONS), ("plan", "cluster")]:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+            with pytest.raises(MissingConfigException):
+                compose(config_name=config, overrides=[f"{group}={group}_schema"])
+    shown = subprocess.run([sys.executable, "-m", "zoo.train", "--help"], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0 and "data: digits, files, hub, prepared, pydoc" in shown.stdout
+    assert "_schema" not in shown.stdout.split("== Config ==")[0], shown.stdout[:1500]

@@ -195,7 +195,7 @@ def test_a_family_without_a_planner_is_refused_in_one_line():
         (line,) = proc.stderr.splitlines()
         assert line.startswith(f"zoo.plan: error: model={model}: the planner describes ['gpt', 'llama']")
     text = run(plan_cfg("model=llama", "model.size=llama3-8b", "cluster.nodes=2", "trainer.global_batch_size=512"))
-    assert text.startswith("RECOMMENDED: ") and "model=llama model.size=llama3-8b precision=bf16" in text
+    assert text.startswith("RECOMMENDED: ") and "model=llama model.size=llama3-8b model.vocab_size=128256 precision=bf16" in text
 
 
 def test_plan_document_mask_is_counted_and_trained_with():
@@ -210,3 +210,11 @@ def test_plan_document_mask_is_counted_and_trained_with():
             assert c["mem_bytes"]["activations"] > first[key]
     text = run(plan_cfg("model.size=small", "trainer.global_batch_size=64", "plan.document_mask=true"))
     assert "data.document_mask=true" in text.split("train with:")[1].splitlines()[0]
+
+
+def test_a_cpu_plan_speaks_of_cpu_ranks_not_gpus():
+    """#49 item 7: the cpu preset's reasons said "one GPU's 8.0 GB" on a machine without one."""
+    text = run(plan_cfg("cluster=cpu", "model.size=tiny", "trainer.global_batch_size=16"))
+    assert "GPU" not in text and "NVLink" not in text, [line for line in text.splitlines() if "GPU" in line]
+    assert "fits one CPU rank's 8.0 GB usable" in text and "(memory in GB per CPU rank)" in text
+    assert "GB per GPU" in run(plan_cfg("cluster=h200", "model.size=small", "trainer.global_batch_size=64"))
