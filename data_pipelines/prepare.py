@@ -2,6 +2,7 @@
 
     python -m data_pipelines.prepare --name files --path 'corpus/*.jsonl' --tokenizer TOKENIZER_DIR \
         --out DATA_DIR [--workers N] [--shard-tokens N] [--text-column text] [--batch-docs 1000]
+    python -m data_pipelines.prepare --name files --path 'corpus/*.jsonl' --train-tokenizer 32000 --out DATA_DIR
 
 Documents are streamed (file by file; jsonl line by line, parquet/csv through `datasets`
 streaming), a long one cut into pieces of about 64K characters where that leaves its tokens
@@ -532,12 +533,27 @@ def _steady_malloc() -> None:
         pass
 
 
+# The readers name training's keys (data.path=...); this command's user typed its flags.
+FLAGS = (("data.path=", "--path "), ("data.path", "--path"), ("data.text_column", "--text-column"),
+         ("data.name=", "--name "), ("data.name", "--name"))
+
+
+def as_flags(message: str) -> str:
+    """A reader's error with this command's flags in place of the training keys it names."""
+    for key, flag in FLAGS:
+        message = message.replace(key, flag)
+    return message
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m data_pipelines.prepare", description=__doc__.split("\n")[0])
     ap.add_argument("--name", default="files", choices=["files", "hub", "pydoc"])
     ap.add_argument("--path")
     ap.add_argument("--text-column", default="text")
     ap.add_argument("--tokenizer", help="a local tokenizer directory or a Hub name")
+    ap.add_argument("--train-tokenizer", type=int, metavar="VOCAB_SIZE",
+                    help="instead of --tokenizer: train a byte-level BPE of VOCAB_SIZE tokens on the same documents "
+                         "first, saved as OUT/tokenizer (data_pipelines.prepare_tokenizer)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--part", help="I/N: prepare only part I (from 0) of N of the files (a Slurm array task's "
                                    "share); then --merge the N parts' directories")
@@ -564,15 +580,28 @@ def main(argv=None) -> None:
 
             meta = merge(a.merge, a.out)
         else:
-            if not a.tokenizer:
-                raise DataError("--tokenizer is required (a local tokenizer directory or a Hub name), except with --merge")
             from data_pipelines.prepare_parts import parse_part
 
-            meta = prepare(a.name, a.path, a.tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs,
+            part = parse_part(a.part, a.name) if a.part else None
+            tokenizer, source = a.tokenizer, None
+            if a.train_tokenizer is not None:
+                from data_pipelines.prepare_tokenizer import check_vocab, trained_tokenizer
+
+                if a.tokenizer:
+                    raise DataError(f"--tokenizer {a.tokenizer} and --train-tokenizer {a.train_tokenizer} both give the "
+                                    f"tokenizer: keep one")
+                check_vocab(a.train_tokenizer, part)
+                source = open_source(a.name, a.path, a.text_column)
+                next(source.texts({}), None)  # a wrong column or an unreadable first file: refused before training
+                tokenizer = str(trained_tokenizer(source, a.train_tokenizer, a.out, where=as_flags(source.describe())))
+            elif not tokenizer:
+                raise DataError("--tokenizer is required (a local tokenizer directory or a Hub name), or "
+                                "--train-tokenizer VOCAB_SIZE to train one on the corpus, except with --merge")
+            meta = prepare(a.name, a.path, tokenizer, a.out, text_column=a.text_column, batch_docs=a.batch_docs,
                            batch_chars=a.batch_chars, workers=a.workers, shard_tokens=a.shard_tokens,
-                           part=parse_part(a.part, a.name) if a.part else None, progress=Progress())
+                           part=part, progress=Progress(), source=source)
     except DataError as err:
-        print(f"data_pipelines.prepare: error: {err}", file=sys.stderr)
+        print(f"data_pipelines.prepare: error: {as_flags(str(err))}", file=sys.stderr)
         sys.exit(2)
     print(f"{'merged' if a.merge else 'prepared'} {meta['documents']:,} documents, {meta['tokens']:,} tokens "
           f"({meta['dtype']}) in "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 
@@ -19,7 +19,7 @@ BERT_SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]"
                 "mask_token": "[MASK]"}
 
 
-def _train_byte_level_bpe(docs: List[str], vocab_size: int):
+def _train_byte_level_bpe(docs: Iterable[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -35,14 +35,17 @@ def train_gpt_tokenizer(docs: List[str], vocab_size: int, source_key: str, cache
     """A byte-level BPE tokenizer (GPT-2's kind) trained on `docs`, cached by source and size."""
     entry = cache_root(cache_dir) / "tokenizers" / f"bpe-{cache_key(source=source_key, vocab=vocab_size)}"
 
-    def build(tmp: Path) -> None:
-        from transformers import PreTrainedTokenizerFast
+    return cached_dir(entry, lambda tmp: write_gpt_tokenizer(docs, vocab_size, tmp))
 
-        tok = _train_byte_level_bpe(docs, vocab_size)
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS)
-        fast.save_pretrained(str(tmp))
 
-    return cached_dir(entry, build)
+def write_gpt_tokenizer(docs: Iterable[str], vocab_size: int, dest: Path) -> None:
+    """Train a byte-level BPE on `docs` (streamed: any iterable) and save it into `dest` as a
+    transformers fast-tokenizer directory, <|endoftext|> its end, start and unknown token."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _train_byte_level_bpe(docs, vocab_size)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS)
+    fast.save_pretrained(str(dest))
 
 
 def _train_wordpiece(docs: List[str], vocab_size: int):
