@@ -87,10 +87,9 @@ def test_the_schema_is_no_group_choice_and_help_lists_none():
     from hydra import compose, initialize_config_dir
     from hydra.errors import MissingConfigException
 
-    from zoo.plan.settings import register_plan_configs
-
     from tests.conftest import REPO
     from zoo.config.schema import SECTIONS, register_configs
+    from zoo.plan.settings import register_plan_configs
 
     register_configs()
     register_plan_configs()
