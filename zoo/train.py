@@ -232,17 +232,11 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
             raise
         _fail(str(err), run_dir)
     rank0 = _rank0()
-    if rank0:
-        from zoo.plan.dry_run import planned_vocab
-        from zoo.plan.fit import device_memory_bytes, fit_warning
-
-        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
-        try:
-            fit = fit_warning(cfg, layout, device_memory_bytes(ranks_here), vocab_size=planned_vocab(cfg.data))
-        except (ValueError, KeyError):  # a family the planner does not describe yet
-            fit = None
-        if fit:
-            warnings.append(fit)
+    over = _over_memory(cfg, layout, env)  # every rank alike: each refuses, rank 0 says it
+    if over and not (cfg.plan.allow_over or cfg.trainer.dry_run):
+        _fail(f"{over}; plan.allow_over=true starts it anyway", run_dir)
+    if over:
+        warnings.append(over)
     for w in warnings:
         if rank0:
             print(f"zoo: warning: {w}", file=sys.stderr, flush=True)
@@ -276,6 +270,20 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     finally:
         os.environ.pop(HELD_ENV, None)
         lock.release()
+
+
+def _over_memory(cfg: Config, layout, env) -> str | None:
+    """The planner's line where its memory estimate per device is above plan.mem_fraction of the
+    device (a GPU's, or on a CPU the host's RAM over its local ranks); None where it fits or the
+    planner does not describe the family."""
+    from zoo.plan.dry_run import planned_vocab
+    from zoo.plan.fit import device_memory_bytes, fit_warning
+
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size if env.kind == "local" else 1))
+    try:
+        return fit_warning(cfg, layout, device_memory_bytes(ranks_here), vocab_size=planned_vocab(cfg.data))
+    except (ValueError, KeyError):  # a family the planner does not describe yet
+        return None
 
 
 def _dry_run(cfg: Config, layout, env, run_dir: str) -> None:

@@ -64,6 +64,7 @@ class Trainer:
         self.run_dir = run_dir
         self.rank = dist.get_rank()
         self.startup = None  # zoo.observe.startup.StartupClock, set by the worker: the first step ends it
+        self.on_first_step = None  # rank 0: the run's records (config.yaml, ...), written once a step went through
         torch.manual_seed(cfg.trainer.seed)
         with held_stdout(cfg.verbose):  # DeepSpeed's pipeline module prints its seeds and stages
             self.engine = initialize_engine(task.build_model(grid), cfg, layout, grid)
@@ -88,7 +89,6 @@ class Trainer:
 
             raise ConfigError(refusal_at_step(cfg.resume, self.resumed_from, self.step, cfg.trainer.max_steps))
         self._test_overflow()
-        self._test_ballast()
         self.monitor = Monitor(task=task, engine=self.engine, cfg=cfg, layout=layout, device=device, rank=self.rank)
         self.profile = None
         if cfg.trainer.profile.start:
@@ -186,8 +186,9 @@ class Trainer:
             first.register_hook(lambda g: torch.full_like(g, float("inf")) if self.step + 1 == step else g)
 
     def _test_ballast(self) -> None:
-        """Tests only: with ZOO_TEST_BALLAST_MB=RANK:MB, that rank touches MB more memory once
-        (its peak rises above the others': the run must report that rank's peak)."""
+        """Tests only: with ZOO_TEST_BALLAST_MB=RANK:MB, that rank touches MB more memory in this
+        start's first step (its peak rises above the others', which the run must report; too
+        much fails the step, as an out-of-memory first step would)."""
         import os
 
         spec = os.environ.get("ZOO_TEST_BALLAST_MB")
@@ -380,6 +381,7 @@ class Trainer:
             if self.stopped_early:
                 self._say_early_stop()
                 break
+        self._write_records()  # trainer.max_steps=0 (convert, evaluate): no step wrote them
         self._end_training(clock)
         last = self.last_eval  # this step's evaluation (the last step's, or early stopping's), else one now
         eval_loss = last["eval_loss"] if last is not None and last["step"] == self.step else self.evaluate()
@@ -392,6 +394,11 @@ class Trainer:
             resumable = (self.ckpt_root / f"step_{self.step:07d}").is_dir()
             for line in result_lines(summary, self.run_dir, export=hf_export, resumable=resumable):
                 self.log.write(line)
+
+    def _write_records(self) -> None:
+        if self.on_first_step is not None:
+            write, self.on_first_step = self.on_first_step, None
+            write()
 
     def _announce(self) -> None:
         t = self.cfg.trainer
@@ -406,6 +413,8 @@ class Trainer:
         """One optimizer step (profiled inside trainer.profile's window), timed without
         model.compile's lazy compilation; the start's and the compile's lines after the first."""
         t0 = time.perf_counter()
+        if self.step == clock.first_step:
+            self._test_ballast()
         if self.profile is None:
             local_loss = self.train_step()
         else:
@@ -420,6 +429,7 @@ class Trainer:
         clock.train_time += step_s
         clock.window_steps += 1
         if self.step == clock.first_step + 1:
+            self._write_records()
             if self.startup is not None:
                 self.startup.mark("first_step")
                 self.log.write(self.startup.line())

@@ -219,6 +219,26 @@ def remove_new_entries(run_path: Path, found: set) -> None:
             path.unlink(missing_ok=True)
 
 
+def write_run_records(run_path: Path, recorded: dict, layout: Layout, topology: str, hosts, devices) -> None:
+    """config.yaml (the config a resume continues), topology.txt and topology.png, written by
+    rank 0 once this start has trained its first step: a start that failed before (a wrong
+    layout, an out-of-memory first step) leaves the run's own config for the next resume. A
+    config.yaml this start changes is kept beside it as config.previous.yaml."""
+    from zoo.config.schema import to_yaml
+
+    config, text = run_path / "config.yaml", to_yaml(recorded)
+    if config.is_file() and config.read_text() != text:
+        os.replace(config, run_path / "config.previous.yaml")
+    tmp = run_path / "config.yaml.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, config)
+    (run_path / "topology.txt").write_text(topology)
+    if layout.world_size > 1:  # the same grid as a picture
+        from zoo.observe.topology_picture import draw_topology
+
+        draw_topology(layout, hosts, devices, run_path / "topology.png")
+
+
 def _lock_run_dir(run_path: Path, rank: int):
     """Under torchrun, the deepspeed launcher or srun rank 0 owns the run and locks its
     directory (the local launcher's parent already holds it); every rank stops if it is taken."""
@@ -278,15 +298,9 @@ def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, tr
     trainer = Trainer(cfg, layout, grid, task, run_path, device)
     clock.mark("model")
     trainer.startup = clock
-    if rank == 0:  # written once the start went through: a refused start leaves an older run's files
-        from zoo.config.schema import to_yaml
-
-        (run_path / "config.yaml").write_text(to_yaml(task.recorded_config()))
-        (run_path / "topology.txt").write_text(topology)
-        if layout.world_size > 1:  # the same grid as a picture
-            from zoo.observe.topology_picture import draw_topology
-
-            draw_topology(layout, hosts, devices, run_path / "topology.png")
+    if rank == 0:  # written once the first step went through: a failed start leaves the run's own config
+        trainer.on_first_step = lambda: write_run_records(run_path, task.recorded_config(), layout, topology, hosts,
+                                                          devices)
     training.append(True)
     try:
         trainer.fit()

@@ -67,6 +67,12 @@ BAD_INPUT = [
     (["parallel=auto", "plan.measure_steps=1", "plan.measure=2"], "plan.measure_steps=1 must be >= 2"),
     (["parallel=auto", "parallel.world_size=2", "plan.measure=2", "optim.min_lr=0.01"],
      "optim.min_lr=0.01 is above optim.lr=0.001"),  # the rest of the config checked before any layout runs
+    # A layout the planner predicts over the device (here: 1.1B under ZeRO-1 on 2 CPU ranks) (#50 item 3).
+    (["model=llama", "model.size=tinyllama-1.1b", "parallel=zero1"],
+     "for layout tp1-pp1-dp2_zero1 with micro-batch 8 x 2, precision=fp32, model.activation_checkpointing=False; "
+     "lower the micro-batch, turn on activation checkpointing, raise parallel.zero_stage, or run `python -m zoo.plan` "
+     "for a layout that fits; plan.allow_over=true starts it anyway"),
+    (["plan.allow_over=maybe"], "plan.allow_over"),
 ]
 
 

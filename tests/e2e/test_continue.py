@@ -31,7 +31,22 @@ def test_the_printed_continue_line_continues_a_llama_run_with_its_own_config(run
     assert sorted(losses_by_step(resumed)) == [1, 2, 3, 4]  # the step numbers go on in the same metrics
     # the end line counts the steps this start ran, not the run's total
     assert resumed.summary["steps_run"] == 2 and "zoo: run: 2 steps (steps 3-4), " in resumed.stdout
+    # the config the resume changed is kept beside the new one
+    previous = yaml.safe_load((first.run_dir / "config.previous.yaml").read_text())
+    assert (previous["trainer"]["max_steps"], previous["resume"]) == (2, None)
     _a_resume_at_the_end_is_refused_and_changes_nothing(run_zoo, first.run_dir)
+    _a_start_that_fails_in_its_first_step_leaves_the_runs_config(run_zoo, first.run_dir)
+
+
+def _a_start_that_fails_in_its_first_step_leaves_the_runs_config(run_zoo, run_dir):
+    """#50 item 8: a resume onto another layout whose first step fails (an allocation no host
+    has) leaves config.yaml, its previous copy and the topology as they were, so the next
+    resume=auto takes the run's own config, not the failed attempt's layout and interval."""
+    kept = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "config.previous.yaml", "topology.txt")}
+    failed = run_zoo("resume=auto", "trainer.max_steps=6", "parallel=tp", "parallel.dp=1", "checkpoint.every=1",
+                     run_dir=run_dir, check=False, env={"ZOO_TEST_BALLAST_MB": "0:100000000"})  # 100 TB
+    assert failed.returncode == 1 and "resumed from" in failed.stdout, failed.stderr[-2000:]
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
 
 
 def _a_resume_at_the_end_is_refused_and_changes_nothing(run_zoo, run_dir):

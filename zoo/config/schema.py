@@ -314,6 +314,17 @@ class MeasureConfig:
 
 
 @dataclass
+class TrainPlanConfig(MeasureConfig):
+    """Training's `plan` section: plan.measure with parallel=auto, and whether to start a layout
+    the planner predicts not to fit."""
+
+    allow_over: bool = False
+    """Start even where the planner's memory estimate per device is above plan.mem_fraction
+    (80%) of the device (on a CPU: of this host's RAM over its ranks). False: such a run is
+    refused before launch with the estimate and the fixes (an out-of-memory kill loses more)."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -323,7 +334,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    plan: MeasureConfig = field(default_factory=MeasureConfig)
+    plan: TrainPlanConfig = field(default_factory=TrainPlanConfig)
     experiment: Optional[str] = None
     """Name of the pinned experiment (set by `experiment/` files; the wandb group)."""
     resume: Optional[str] = None
