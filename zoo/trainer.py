@@ -110,17 +110,15 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def _resume(self):
-        # Rank 0 verifies (reads every file once) and tells the others what to read.
-        found = [None, None, []]  # path, error, notes
-        if self.rank == 0:
-            try:
-                found[0], found[2] = checkpoint.resolve(self.cfg.resume, self.run_dir)
-            except checkpoint.CheckpointError as err:
-                found[1] = str(err)
-        dist.broadcast_object_list(found, src=0)
-        path, error, notes = found
-        if error:
-            raise checkpoint.CheckpointError(error)
+        # Every rank verifies its share of each candidate's files (its own shard and index, and
+        # every world-th other file), so no rank reads the whole checkpoint; they agree on the
+        # newest intact one (or raise the same error) together.
+        from functools import partial
+
+        from zoo.checkpoint.verify import shared_damage
+
+        verify = partial(shared_damage, rank=self.rank, world=dist.get_world_size(), gather=dist.all_gather_object)
+        path, notes = checkpoint.resolve(self.cfg.resume, self.run_dir, verify=verify)
         for line in notes if self.rank == 0 else []:
             print(f"zoo: {line}", flush=True)
         if path is None:

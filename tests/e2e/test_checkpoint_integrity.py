@@ -127,3 +127,21 @@ def test_checksums_cover_every_file(two_checkpoints):
     step = two_checkpoints.run_dir / "checkpoints" / "step_0000004"
     listed = json.loads((step / "checksums.json").read_text())
     assert set(listed) == {str(p.relative_to(step)) for p in step.rglob("*") if p.is_file()} - {"checksums.json"}
+
+
+def test_two_ranks_verify_their_shares_and_fall_back_together(run_zoo, tmp_path, checkpoint_reference):
+    """#50 item 3: under zero1 on 2 ranks each rank hashes its own shard (rank 1 finds its
+    changed shard-00001, which rank 0 no longer reads), both fall back to step 2 together, and
+    the run continues exactly."""
+    zero1 = ["parallel=zero1"]
+    run_dir = tmp_path / "run"
+    run_zoo(*FAST, *zero1, "trainer.max_steps=4", "checkpoint.every=2", "checkpoint.keep=5", run_dir=run_dir)
+    f = run_dir / "checkpoints" / "step_0000004" / "shard-00001.safetensors"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    resumed = run_zoo(*FAST, *zero1, "trainer.max_steps=6", "checkpoint.every=2", "resume=auto", run_dir=run_dir)
+    assert "shard-00001.safetensors does not match its checksum" in resumed.stdout and "falling back" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
+    assert {s: l for s, l in losses_by_step(resumed).items() if s > 2} == pytest.approx(
+        {s: checkpoint_reference[s] for s in (3, 4, 5, 6)}, abs=1e-5)

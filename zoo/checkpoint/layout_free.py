@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -181,24 +181,27 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def resolve(resume: str, run_dir: Path, key: str = "resume=") -> Tuple[Optional[Path], List[str]]:
+def resolve(resume: str, run_dir: Path, key: str = "resume=",
+            verify: Callable[[Path], Optional[str]] = damage) -> Tuple[Optional[Path], List[str]]:
     """(the checkpoint `resume` names, a line for each damaged one passed over): `auto` (the
     newest intact checkpoint of this run, or None when it has none), a checkpoint directory
     (refused when damaged), or a run directory (its newest intact checkpoint). Verified
     against the checksums recorded at save time (zoo.checkpoint.verify). `key`: how errors
-    name `resume` (the config key, or nothing for a command's argument)."""
+    name `resume` (the config key, or nothing for a command's argument); `verify`: damage
+    here, or zoo.checkpoint.verify.shared_damage bound to a resume's ranks, all of which call
+    this alike."""
     if resume == "auto":
-        return newest_intact(run_dir / "checkpoints")
+        return newest_intact(run_dir / "checkpoints", verify)
     root = Path(resume)
     if not root.exists():
         raise CheckpointError(f"{key}{resume}: no such checkpoint or run directory")
     if (root / "state.json").exists() or root.name.startswith("step_"):
-        problem = damage(root)
+        problem = verify(root)
         if problem is not None:
             raise CheckpointError(f"{key}{resume}: the checkpoint is damaged ({problem}); resume from another "
                                   f"checkpoint, or give its run directory to take the newest intact one")
         return root, []
-    path, notes = newest_intact(root / "checkpoints" if (root / "checkpoints").is_dir() else root)
+    path, notes = newest_intact(root / "checkpoints" if (root / "checkpoints").is_dir() else root, verify)
     if path is None:
         raise CheckpointError(f"{key}{resume}: no checkpoint there (no state.json, no step_* directories)")
     return path, notes

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from zoo.run.checksums import manifest, mismatch
 from zoo.run.errors import CheckpointError
@@ -35,8 +36,11 @@ def write_checksums(directory: Path, known: Optional[dict] = None) -> None:
     os.replace(tmp, directory / CHECKSUMS)
 
 
-def damage(directory: Path) -> Optional[str]:
-    """What is wrong with the checkpoint in `directory`, naming the file; None when intact."""
+def damage(directory: Path, share: Tuple[int, int] = (0, 1)) -> Optional[str]:
+    """What is wrong with the checkpoint in `directory`, naming the file; None when intact.
+    `share` (rank, world): the files whose bytes this rank reads and hashes, its own shard
+    and index (their names end in its rank number) and every world-th of the others, so that
+    the ranks of a resume verify a checkpoint together, each O(its share); (0, 1): all."""
     if not directory.is_dir():
         return f"{directory.name}/ is missing"
     state = directory / "state.json"
@@ -53,7 +57,32 @@ def damage(directory: Path) -> Optional[str]:
         record = json.loads(listed.read_text())
     except (ValueError, UnicodeDecodeError):
         return f"{CHECKSUMS} is not readable JSON"
-    return mismatch(directory, record)
+    rank, world = share
+    return mismatch(directory, {name: want for i, (name, want) in enumerate(sorted(record.items()))
+                                if owner(name, i, world) == rank})
+
+
+def owner(name: str, position: int, world: int) -> int:
+    """The rank that verifies file `name` (the `position`-th in name order) among `world` ranks:
+    a rank's own shard, index and DeepSpeed files (their names carry a 5-digit rank, e.g.
+    shard-00003.safetensors), by that number; the rest in turn."""
+    found = _RANK_IN_NAME.search(name)
+    return (int(found.group(1)) if found else position) % world
+
+
+_RANK_IN_NAME = re.compile(r"[-_](\d{5})\.")
+
+
+def shared_damage(directory: Path, rank: int, world: int, gather) -> Optional[str]:
+    """damage() found by `world` ranks together, each hashing its share (collective: `gather`
+    is all_gather_object over them); every rank gets the first problem any of them found."""
+    try:
+        mine = damage(directory, (rank, world))
+    except OSError as err:  # unreadable: a problem of this checkpoint, said on every rank alike
+        mine = f"a file cannot be read ({err})"
+    found = [None] * world
+    gather(found, mine)
+    return next((problem for problem in found if problem), None)
 
 
 def _candidates(root: Path) -> List[Path]:
@@ -82,13 +111,14 @@ def newest_step(root: Path) -> Optional[Tuple[Path, int]]:
     return None
 
 
-def newest_intact(root: Path) -> Tuple[Optional[Path], List[str]]:
+def newest_intact(root: Path, verify: Callable[[Path], Optional[str]] = damage) -> Tuple[Optional[Path], List[str]]:
     """(the newest intact checkpoint under `root`, one line for each damaged one passed over).
-    (None, []) when there is no checkpoint at all; CheckpointError when none is intact."""
+    (None, []) when there is no checkpoint at all; CheckpointError when none is intact.
+    `verify`: damage, or shared_damage bound to the ranks of a resume (every rank calls this)."""
     notes, problems = [], []
     candidates = _candidates(root) if root.is_dir() else []
     for path in candidates:
-        problem = damage(path)
+        problem = verify(path)
         if problem is None:
             return path, notes
         problems.append(f"{path.name}: {problem}")
