@@ -35,13 +35,18 @@ def test_exact_resume_is_bitwise(run_zoo, tmp_path, checkpoint_reference, writte
     """Both ways of reading a checkpoint on the layout that wrote it: DeepSpeed's per-rank
     files (the default) and the layout-free files (checkpoint.native=false)."""
     assert losses_by_step(written) == {s: checkpoint_reference[s] for s in (1, 2, 3)}
+    # DeepSpeed's files are in the checkpoint's checksums, hashed at save by the rank that owns each
+    from zoo.checkpoint.verify import damage
+
+    step3 = written.run_dir / "checkpoints" / "step_0000003"
+    listed = json.loads((step3 / "checksums.json").read_text())
+    assert any(name.startswith("native/") for name in listed) and damage(step3) is None
     run_dir = copy_run(written, tmp_path)
     resumed = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.every=3", "checkpoint.native=true", "resume=auto",
                       run_dir=run_dir)
     assert "at step 3" in resumed.stdout and "read from its native files" in resumed.stdout
     want = {s: checkpoint_reference[s] for s in (4, 5, 6)}
     assert after(losses_by_step(resumed), 3) == want  # identical floats
-    step3 = written.run_dir / "checkpoints" / "step_0000003"
     portable = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.native=false", f"resume={step3}")
     assert "read from its layout-free files" in portable.stdout
     assert losses_by_step(portable) == want

@@ -133,9 +133,13 @@ def test_two_ranks_verify_their_shares_and_fall_back_together(run_zoo, tmp_path,
     """#50 item 3: under zero1 on 2 ranks each rank hashes its own shard (rank 1 finds its
     changed shard-00001, which rank 0 no longer reads), both fall back to step 2 together, and
     the run continues exactly."""
-    zero1 = ["parallel=zero1"]
+    zero1 = ["parallel=zero1", "checkpoint.native=true"]  # DeepSpeed's files too, each hashed at save by its owner
     run_dir = tmp_path / "run"
     run_zoo(*FAST, *zero1, "trainer.max_steps=4", "checkpoint.every=2", "checkpoint.keep=5", run_dir=run_dir)
+    from zoo.checkpoint.verify import damage
+
+    listed = json.loads((run_dir / "checkpoints" / "step_0000004" / "checksums.json").read_text())
+    assert sum(name.startswith("native/") for name in listed) >= 2 and damage(run_dir / "checkpoints" / "step_0000004") is None
     f = run_dir / "checkpoints" / "step_0000004" / "shard-00001.safetensors"
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -57,6 +57,7 @@ class PendingSave:
         self.staging: Optional[torch.Tensor] = None  # the host buffer it was staged in (kept for the next)
         self.state_json = ""  # state.json's text, and this rank's RNG state: written by finish
         self.rng: Optional[torch.Tensor] = None
+        self.native_written: dict = {}  # digests of the DeepSpeed files this rank verified at save
         self.staged = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(background,), name=f"zoo-save-{final.name}",
                                        daemon=True)
@@ -117,9 +118,13 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
              "loss_scale": engine_state.saved_loss_scale(engine), "scaler_state": engine_state.scaler_state(engine),
              "skipped_steps": engine_state.skipped_steps(engine), "world_size": dist.get_world_size(), **meta}
-    if native:
+    native_written = {}
+    if native:  # DeepSpeed's files, each hashed by one rank (its own by name), not all by rank 0 at finish
         native_checkpoint.save(engine, tmp)
+        dist.barrier()
+        native_written = _own_digests(tmp, native_checkpoint.TAG, rank, dist.get_world_size())
     pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background)
+    pending.native_written = native_written
     pending.staging, pending.rng = staging, torch.get_rng_state()
     pending.state_json = json.dumps(state, indent=1, default=str)  # as it is now: text, nothing shared with the engine
     if background:
@@ -137,10 +142,10 @@ def finish(pending: PendingSave) -> Path:
     from safetensors.torch import save_file
 
     rank = dist.get_rank()
-    parts = [None] * dist.get_world_size()  # each rank's (error, RNG state)
-    dist.all_gather_object(parts, (None if pending.error is None else f"{type(pending.error).__name__}: "
-                                                                      f"{pending.error}", pending.rng))
-    failed = [(r, e) for r, (e, _) in enumerate(parts) if e is not None]
+    errors = [None] * dist.get_world_size()  # each rank's write error, or None (a few bytes each)
+    dist.all_gather_object(errors, None if pending.error is None else f"{type(pending.error).__name__}: "
+                                                                       f"{pending.error}")
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     root = pending.final.parent
     if failed:
         if rank == 0:
@@ -150,10 +155,12 @@ def finish(pending: PendingSave) -> Path:
         raise CheckpointError(f"writing checkpoint {pending.final.name} failed on rank {failed[0][0]}: "
                               f"{failed[0][1]}; nothing of it was kept and checkpoints/latest still names "
                               f"{latest or 'no checkpoint'} (free space, or save to another hydra.run.dir)")
-    digests = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(pending.written, digests, dst=0)
+    # What rank 0 alone writes: each rank's file digests and RNG state, gathered to it only.
+    parts = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(({**pending.written, **pending.native_written}, pending.rng), parts, dst=0)
     dist.barrier()
     if rank == 0:
+        digests = [written for written, _ in parts]
         save_file({f"rank_{i}": rng for i, (_, rng) in enumerate(parts)}, str(pending.tmp / "rng.safetensors"))
         (pending.tmp / "state.json").write_text(pending.state_json)
         write_checksums(pending.tmp, known={f: d for part in digests for f, d in part.items()})  # last: finished
@@ -164,6 +171,17 @@ def finish(pending: PendingSave) -> Path:
             _prune(root, pending.keep)
     dist.barrier()
     return pending.final
+
+
+def _own_digests(tmp: Path, subdir: str, rank: int, world: int) -> dict:
+    """{relative path: {bytes, xxh3_64}} of the files under tmp/subdir that this rank verifies
+    (zoo.checkpoint.verify.owner: its own by the rank in their names, and every world-th other)."""
+    from zoo.checkpoint.verify import owner
+    from zoo.run.checksums import digest
+
+    files = sorted(str(p.relative_to(tmp)) for p in (tmp / subdir).rglob("*") if p.is_file())
+    return {name: {"bytes": (tmp / name).stat().st_size, "xxh3_64": digest(tmp / name)}
+            for i, name in enumerate(files) if owner(name, i, world) == rank}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -278,11 +296,11 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
         # of the run that wrote the checkpoint (whose schedule may have been shorter): step the
         # schedule to its position, so the next update uses this run's rate for it.
         engine.lr_scheduler.step(engine.lr_scheduler.last_batch_iteration)
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
-    rngs = load_file(str(path / "rng.safetensors"))
-    key = f"rank_{dist.get_rank()}" if len(rngs) == dist.get_world_size() else "rank_0"
-    torch.set_rng_state(rngs[key])
+    with safe_open(str(path / "rng.safetensors"), framework="pt") as rngs:  # this rank's state only
+        key = f"rank_{dist.get_rank()}" if len(rngs.keys()) == dist.get_world_size() else "rank_0"
+        torch.set_rng_state(rngs.get_tensor(key))
     engine_state.set_global_steps(engine, state["step"])
     return how
 
