@@ -57,12 +57,13 @@ class Task:
                     sequence_parallel=cfg.parallel.sequence_parallel, partition_method=cfg.parallel.partition_method,
                     activation_checkpointing=cfg.model.activation_checkpointing)
 
-    def build_model(self, grid) -> nn.Module:
+    def build_model(self, grid, init: bool = True) -> nn.Module:
         """This rank's model: plain and tensor-parallel, or this stage's PipelineModule; under
-        ZeRO-3 built partitioned, piece by piece (zoo.parallel.build.materialise_partitioned)."""
+        ZeRO-3 built partitioned, piece by piece (zoo.parallel.build.materialise_partitioned).
+        `init=False`: the weights are not initialised, for a resume that fills them all."""
         from zoo.parallel.build import ZeroThree, build
 
-        options = self.build_options(grid)
+        options = {**self.build_options(grid), "init": init}
         if self.layout.zero_stage == 3:
             from zoo.engine import deepspeed_config
             from zoo.engine.config import TORCH_DTYPES

@@ -31,9 +31,11 @@ def count_parameters(spec, shape) -> int:
 
 
 def materialise(module: nn.Module, spec, shape, *, seed: int, device: torch.device, tp_group=None,
-                dp_group=None, sequence_parallel: bool = False) -> None:
+                dp_group=None, sequence_parallel: bool = False, init: bool = True) -> None:
     """Parallelize a meta-device module of family `spec` in place, allocate it on `device` and
-    initialise it. Its parameter names must be the full model's (e.g. `h.3.attn.c_attn.weight`)."""
+    initialise it. Its parameter names must be the full model's (e.g. `h.3.attn.c_attn.weight`).
+    `init=False`: the parameters are left as allocated, for a resume that fills every one of
+    them from its checkpoint (or fails naming the one it lacks)."""
     std_of = spec.init_std(shape, module)
     rules = spec.tp_rules_for(shape)
     parallelize(module, rules=rules, tp_group=tp_group, dp_group=dp_group,
@@ -41,7 +43,8 @@ def materialise(module: nn.Module, spec, shape, *, seed: int, device: torch.devi
     to_empty(module, device)
     if rules is not None:
         tie_parameters(module, rules)  # materialising untied them
-    init_parameters(module, seed, std_of)
+    if init:
+        init_parameters(module, seed, std_of)
     for m in module.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()  # buffers: to_empty left them uninitialised
@@ -73,7 +76,8 @@ def _units(module: nn.Module, prefix: str = ""):
 
 
 def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree, seed: int, device: torch.device,
-                            tp_group=None, dp_group=None, sequence_parallel: bool = False, weights=None) -> None:
+                            tp_group=None, dp_group=None, sequence_parallel: bool = False, weights=None,
+                            init: bool = True) -> None:
     """`materialise` for ZeRO-3, piece by piece: each piece (a block, an embedding) is
     allocated, initialised (the same layout-free values), filled from `weights` where given
     (model.init_from) and partitioned over the data-parallel group (deepspeed.zero.Init)
@@ -95,7 +99,8 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
         for name, p in tied.items():  # to_empty made new tensors of them: the partitioned ones again
             owner, _, attr = name.rpartition(".")
             setattr(unit.get_submodule(owner) if owner else unit, attr, p)
-        init_parameters(unit, seed, std_of, prefix=path + ".", skip=is_zero3)
+        if init:
+            init_parameters(unit, seed, std_of, prefix=path + ".", skip=is_zero3)
         for m in unit.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 m.reset_running_stats()
@@ -115,31 +120,33 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
 
 def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                 sequence_parallel: bool = False, activation_checkpointing: bool = False,
-                zero3: ZeroThree | None = None, weights=None, document_end: Optional[int] = None) -> nn.Module:
+                zero3: ZeroThree | None = None, weights=None, document_end: Optional[int] = None,
+                init: bool = True) -> nn.Module:
     """This rank's whole model (no pipeline) of family `spec`; with `zero3`, built partitioned
     (materialise_partitioned), filled from `weights` (model.init_from); with `document_end` (a
-    causal LM's end-of-text id) attending within documents only (zoo.models.documents)."""
+    causal LM's end-of-text id) attending within documents only (zoo.models.documents);
+    `init=False`: not initialised (a resume fills it)."""
     with on_meta():
         model = spec.model(shape)
     if document_end is not None:
         model.document_end = document_end
     if zero3 is None:
         materialise(model, spec, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
-                    sequence_parallel=sequence_parallel)
+                    sequence_parallel=sequence_parallel, init=init)
         if weights is not None:
             from zoo.checkpoint.consolidate import assign_full_weights
 
             assign_full_weights(model, weights)
     else:
         materialise_partitioned(model, spec, shape, zero3=zero3, seed=seed, device=device, tp_group=tp_group,
-                                dp_group=dp_group, sequence_parallel=sequence_parallel, weights=weights)
+                                dp_group=dp_group, sequence_parallel=sequence_parallel, weights=weights, init=init)
     model.activation_checkpointing = activation_checkpointing
     return model
 
 
 def build_pipeline(spec, shape, layout: Layout, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                    sequence_parallel: bool = False, partition_method: str, activation_checkpointing: bool,
-                   dynamic_shape: bool = False, document_end: Optional[int] = None):
+                   dynamic_shape: bool = False, document_end: Optional[int] = None, init: bool = True):
     """This stage's DeepSpeed PipelineModule: only its layers, cut from the model built on meta
     (with `document_end`, layers that carry each token's document position between them)."""
     from zoo.parallel.pipeline import pipeline_module
@@ -149,7 +156,7 @@ def build_pipeline(spec, shape, layout: Layout, *, seed: int, device: torch.devi
     if document_end is not None:
         meta_model.document_end = document_end
     build = functools.partial(materialise, spec=spec, shape=shape, seed=seed, device=device, tp_group=tp_group,
-                              dp_group=dp_group, sequence_parallel=sequence_parallel)
+                              dp_group=dp_group, sequence_parallel=sequence_parallel, init=init)
     return pipeline_module(meta_model, layout, build, loss_fn=spec.pipeline_loss(tp_group),
                            partition_method=partition_method, activation_checkpointing=activation_checkpointing,
                            dynamic_shape=dynamic_shape)
