@@ -60,3 +60,68 @@ def _check(kind: str, world: int) -> None:
 
 def test_zero3_built_partitioned_equals_one_process():
     run_ranks(2, _equal_to_one_process, ["gpt", "llama", "bert", "cnn"])
+
+
+def _held_at_most_one_piece(rank: int, world: int) -> None:
+    """tp2 x ZeRO-3 (each rank its own dp group of one, 2 ranks in all): whenever a piece is
+    allocated, the rest of the model holds only meta tensors and partitions, so a rank never
+    holds more than its partition and one piece (the tensor-parallel shards were allocated on
+    the device for the whole model before the loop); the values equal a tp2 build's."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from zoo.engine.state import is_zero3
+    from zoo.engine.state import held as partition_of
+    from zoo.parallel import build as build_module
+    from zoo.parallel.build import ZeroThree, build_model
+
+    shape = _shape("llama")
+    own = [dist.new_group([r]) for r in range(world)][rank]  # the data-parallel group: this rank alone
+    zero3 = ZeroThree(config={"train_batch_size": world, "zero_optimization": {"stage": 3}}, group=own,
+                      dtype=torch.float32)
+    model_holder, peaks = {}, []
+    real_to_empty = build_module.to_empty
+
+    def watched(unit, device):
+        model = model_holder.get("model")
+        if model is not None:  # what the whole model holds now, outside the piece about to be allocated
+            inside = {id(p) for p in unit.parameters()}
+            peaks.append(sum(p.numel() for p in model.parameters()
+                             if id(p) not in inside and not p.is_meta and not is_zero3(p)))
+        return real_to_empty(unit, device)
+
+    real_parallelize = build_module.parallelize
+
+    def remembered(module, **kwargs):
+        model_holder["model"] = module
+        return real_parallelize(module, **kwargs)
+
+    build_module.to_empty, build_module.parallelize = watched, remembered
+    try:
+        parted = build_model(spec_of(shape), shape, seed=7, device=torch.device("cpu"), tp_group=dist.group.WORLD,
+                             zero3=zero3)
+    finally:
+        build_module.to_empty, build_module.parallelize = real_to_empty, real_parallelize
+    assert len(peaks) >= 5 and max(peaks) == 0, peaks  # embedding, 2 blocks, norm, head: one at a time
+    whole = build_model(spec_of(shape), shape, seed=7, device=torch.device("cpu"), tp_group=dist.group.WORLD)
+    for (name, p), (_, want) in zip(parted.named_parameters(), whole.named_parameters()):
+        with deepspeed.zero.GatheredParameters([p]):
+            assert torch.equal(p.data, want.data), name
+    assert sum(partition_of(p).numel() for p in parted.parameters()) > 0
+
+
+def _tp2_zero3(rank: int, world: int) -> None:
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    from zoo.engine import lean_start
+
+    lean_start.skip_shm_comm_op()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    _held_at_most_one_piece(rank, world)
+
+
+def test_zero3_with_tp2_is_built_piece_by_piece():
+    run_ranks(2, _tp2_zero3)
