@@ -70,8 +70,8 @@ def _held_at_most_one_piece(rank: int, world: int) -> None:
     import deepspeed
     import torch.distributed as dist
 
-    from zoo.engine.state import is_zero3
     from zoo.engine.state import held as partition_of
+    from zoo.engine.state import is_zero3
     from zoo.parallel import build as build_module
     from zoo.parallel.build import ZeroThree, build_model
 
