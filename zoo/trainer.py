@@ -330,7 +330,7 @@ class Trainer:
         improved (checkpoint.best), and decides early stopping. Returns the eval record."""
         t0 = time.perf_counter()
         rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None  # this rank's device
         self.loader.wait_idle()
         with self.monitor.outside_step():
             eval_loss = self.evaluate()
@@ -340,7 +340,7 @@ class Trainer:
                       "eval_time_s": time.perf_counter() - t0}
             torch.set_rng_state(rng)  # building the plain model drew from it too
             if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
+                torch.cuda.set_rng_state(cuda_rng, self.device)
             es, s = self.cfg.trainer.early_stop, self.eval_state
             if s["best"] is None or eval_loss < s["best"] - es.min_delta:
                 s.update(best=eval_loss, best_step=self.step, bad_evals=0)

@@ -26,9 +26,15 @@ from zoo.run.errors import USER_ERROR_EXIT_CODE, RunDirError, ZooError
 
 
 def _device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():  # a site may give each task one GPU of its own
+    """This rank's device. A site may give each task one GPU of its own (LOCAL_RANK 3, one
+    visible device): the rank takes local_rank % visible devices, and LOCAL_RANK is set to that
+    index, which DeepSpeed reads for its own set_device and the process group's device_id
+    (with the raw value: "invalid device ordinal")."""
+    if torch.cuda.is_available():
         index = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
+        if index != local_rank:
+            os.environ["LOCAL_RANK"] = str(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
 

@@ -56,7 +56,7 @@ class PendingSave:
         self.error: Optional[BaseException] = None
         self.staging: Optional[torch.Tensor] = None  # the host buffer it was staged in (kept for the next)
         self.state_json = ""  # state.json's text, and this rank's RNG state: written by finish
-        self.rng: Optional[torch.Tensor] = None
+        self.rng: dict = {}  # this rank's RNG states (_rng_states)
         self.native_written: dict = {}  # digests of the DeepSpeed files this rank verified at save
         self.staged = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(background,), name=f"zoo-save-{final.name}",
@@ -125,7 +125,7 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
         native_written = _own_digests(tmp, native_checkpoint.TAG, rank, dist.get_world_size())
     pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background)
     pending.native_written = native_written
-    pending.staging, pending.rng = staging, torch.get_rng_state()
+    pending.staging, pending.rng = staging, _rng_states(_device_of(engine))
     pending.state_json = json.dumps(state, indent=1, default=str)  # as it is now: text, nothing shared with the engine
     if background:
         engine_state.before_next_optimizer_step(engine, pending.wait_staged)
@@ -161,7 +161,8 @@ def finish(pending: PendingSave) -> Path:
     dist.barrier()
     if rank == 0:
         digests = [written for written, _ in parts]
-        save_file({f"rank_{i}": rng for i, (_, rng) in enumerate(parts)}, str(pending.tmp / "rng.safetensors"))
+        save_file({f"{kind}rank_{i}": state for i, (_, rng) in enumerate(parts) for kind, state in rng.items()},
+                  str(pending.tmp / "rng.safetensors"))
         (pending.tmp / "state.json").write_text(pending.state_json)
         write_checksums(pending.tmp, known={f: d for part in digests for f, d in part.items()})  # last: finished
         shutil.rmtree(pending.final, ignore_errors=True)
@@ -171,6 +172,20 @@ def finish(pending: PendingSave) -> Path:
             _prune(root, pending.keep)
     dist.barrier()
     return pending.final
+
+
+def _device_of(engine) -> torch.device:
+    """The device this rank's engine computes on (its parameters')."""
+    return next(engine.module.parameters()).device
+
+
+def _rng_states(device: torch.device) -> dict:
+    """This rank's RNG states: the CPU generator's, and on CUDA its own device's (not every
+    visible device's), as rng.safetensors keys them (rank_R, cuda_rank_R)."""
+    states = {"": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda_"] = torch.cuda.get_rng_state(device)
+    return states
 
 
 def _own_digests(tmp: Path, subdir: str, rank: int, world: int) -> dict:
@@ -298,9 +313,14 @@ def load(engine, grid, path: Path, state: dict, native_key: Optional[dict] = Non
         engine.lr_scheduler.step(engine.lr_scheduler.last_batch_iteration)
     from safetensors import safe_open
 
-    with safe_open(str(path / "rng.safetensors"), framework="pt") as rngs:  # this rank's state only
-        key = f"rank_{dist.get_rank()}" if len(rngs.keys()) == dist.get_world_size() else "rank_0"
-        torch.set_rng_state(rngs.get_tensor(key))
+    with safe_open(str(path / "rng.safetensors"), framework="pt") as rngs:  # this rank's states only
+        keys = set(rngs.keys())
+        same_world = sum(k.startswith("rank_") for k in keys) == dist.get_world_size()
+        rank = dist.get_rank() if same_world else 0
+        torch.set_rng_state(rngs.get_tensor(f"rank_{rank}"))
+        device = _device_of(engine)
+        if device.type == "cuda" and f"cuda_rank_{rank}" in keys:  # the rank's own device's generator
+            torch.cuda.set_rng_state(rngs.get_tensor(f"cuda_rank_{rank}"), device)
     engine_state.set_global_steps(engine, state["step"])
     return how
 

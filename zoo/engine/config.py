@@ -59,6 +59,10 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
                  "hysteresis": prec.hysteresis, "min_loss_scale": prec.min_loss_scale},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronizes the device at every forward
+        # and step: CPU and GPU in lockstep. zoo times its windows itself (zoo.observe.monitor:
+        # one synchronize per logged step on CUDA).
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
     if cfg.optim.name == "sgd":  # ZeRO partitions any torch optimizer; DeepSpeed asks to be told (its tests cover Adam)
         ds["zero_allow_untested_optimizer"] = True

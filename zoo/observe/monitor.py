@@ -222,6 +222,8 @@ class Monitor:
 
     def report(self, step: int, loss: float, steps: int) -> tuple[dict, List[str]]:
         """(the logged record of the window of `steps` steps, diagnosis lines that newly fire)."""
+        if self.device.type == "cuda":  # the window's kernels finished: its time is the device's too
+            torch.cuda.synchronize(self.device)
         window = time.perf_counter() - self._window_start
         comm_s, comm_by_call = self.comm.seconds()
         util = self.gpu.read()

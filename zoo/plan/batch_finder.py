@@ -105,6 +105,9 @@ def find_micro_batch_size(cfg, layout, grid, task, device: torch.device) -> Tupl
     budget = HEADROOM * torch.cuda.get_device_properties(device).total_memory
     sizes = candidates(cfg.trainer.global_batch_size, layout.dp)
     best, trials = search(sizes, _probe(cfg, layout, grid, task, device), budget)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)  # the run's reported peak is its own, not the probes'
     return best, trials, budget  # the probes drew from the RNG: the Trainer seeds it again
 
 
