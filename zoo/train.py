@@ -86,6 +86,12 @@ def _refuse_starting_over(run_dir: str) -> None:
               f"model.init_from={run_dir}/hf)", run_dir)
 
 
+def _running_there(run_dir: str) -> bool:
+    from zoo.run.lock import RunDirLock
+
+    return RunDirLock(run_dir).in_use()
+
+
 def nothing_to_train(resume: str, run_dir: str, max_steps: int) -> str | None:
     """The line refusing a resume whose checkpoint is already at trainer.max_steps (or past
     it): it would train no step and write over the finished run's results. Read from the
@@ -206,7 +212,7 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
         _refuse_overwriting(run_dir)
     elif cfg.resume == "auto":
         _refuse_starting_over(run_dir)
-    if cfg.resume:
+    if cfg.resume and not _running_there(run_dir):  # a run going on there: its lock refuses, naming it
         problem = nothing_to_train(cfg.resume, run_dir, cfg.trainer.max_steps)
         if problem:
             _fail(problem, None)
