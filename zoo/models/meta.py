@@ -49,5 +49,13 @@ def to_empty(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """`module.to_empty(device=device)`, without the meta tensor's `empty_like`: its Python
     reference imports torch.fx's symbolic shapes and sympy (~0.4 s of a 2-core start). A
     contiguous tensor is allocated by its shape (the layout empty_like gives it), any other one
-    by empty_like."""
-    return module._apply(_empty_on(device))
+    by empty_like. What zoo sets on a parameter (its tensor-parallel `tp_shard`, ...) stays on
+    it: from meta, `_apply` makes new Parameter objects, which would not carry it."""
+    kept = {name: dict(vars(p)) for name, p in module.named_parameters(remove_duplicate=False) if vars(p)}
+    module._apply(_empty_on(device))
+    for name, attributes in kept.items():
+        param = module.get_parameter(name)
+        for key, value in attributes.items():
+            if not hasattr(param, key):
+                setattr(param, key, value)
+    return module

@@ -40,8 +40,9 @@ def materialise(module: nn.Module, spec, shape, *, seed: int, device: torch.devi
     them from its checkpoint (or fails naming the one it lacks)."""
     std_of = spec.init_std(shape, module)
     rules = spec.tp_rules_for(shape)
-    parallelize(module, rules=rules, tp_group=tp_group, dp_group=dp_group,  # the shards on meta: allocated once, below
-                sequence_parallel=sequence_parallel, device=META)
+    with on_meta():  # the shards on meta, their nn.init fills skipped: allocated and filled once, below
+        parallelize(module, rules=rules, tp_group=tp_group, dp_group=dp_group, sequence_parallel=sequence_parallel,
+                    device=META)
     to_empty(module, device)
     if rules is not None:
         tie_parameters(module, rules)  # materialising untied them
@@ -101,8 +102,9 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
     # The tensor-parallel shards stay on meta until their piece's turn: built on the device
     # here, they held the whole tp shard of the model before the first piece was partitioned
     # (70B at tp8 x dp16: 34.5 GB a GPU before 1.1 GB).
-    parallelize(module, rules=rules, tp_group=tp_group, dp_group=dp_group, sequence_parallel=sequence_parallel,
-                device=META)
+    with on_meta():
+        parallelize(module, rules=rules, tp_group=tp_group, dp_group=dp_group, sequence_parallel=sequence_parallel,
+                    device=META)
     for path, unit in _units(module):
         if rules is not None:
             tie_parameters(module, rules)  # a head takes its embedding's (partitioned) weight before it is built

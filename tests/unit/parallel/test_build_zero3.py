@@ -66,7 +66,7 @@ def _held_at_most_one_piece(rank: int, world: int) -> None:
     """tp2 x ZeRO-3 (each rank its own dp group of one, 2 ranks in all): whenever a piece is
     allocated, the rest of the model holds only meta tensors and partitions, so a rank never
     holds more than its partition and one piece (the tensor-parallel shards were allocated on
-    the device for the whole model before the loop); the values equal a tp2 build's."""
+    the device for the whole model before the loop); each shard equals its slice of the tp=1 model."""
     import deepspeed
     import torch.distributed as dist
 
@@ -103,10 +103,17 @@ def _held_at_most_one_piece(rank: int, world: int) -> None:
     finally:
         build_module.to_empty, build_module.parallelize = real_to_empty, real_parallelize
     assert len(peaks) >= 5 and max(peaks) == 0, peaks  # embedding, 2 blocks, norm, head: one at a time
-    whole = build_model(spec_of(shape), shape, seed=7, device=torch.device("cpu"), tp_group=dist.group.WORLD)
-    for (name, p), (_, want) in zip(parted.named_parameters(), whole.named_parameters()):
+    from zoo.parallel.sharding import shard_rows
+
+    whole = dict(build_model(spec_of(shape), shape, seed=7, device=torch.device("cpu")).named_parameters())  # tp=1
+    for name, p in parted.named_parameters():
+        spec, want = p.tp_shard if hasattr(p, "tp_shard") else None, whole[name].data
+        if spec is not None:  # this rank's slice of the unsharded tensor
+            want = torch.cat([want.narrow(spec.dim, a, b - a) for a, b in shard_rows(spec, want.shape[spec.dim])],
+                             dim=spec.dim)
         with deepspeed.zero.GatheredParameters([p]):
-            assert torch.equal(p.data, want.data), name
+            assert torch.equal(p.data, want), name
+    assert any(hasattr(p, "tp_shard") for p in parted.parameters())  # the shards know where they sit
     assert sum(partition_of(p).numel() for p in parted.parameters()) > 0
 
 
