@@ -75,7 +75,7 @@ def _restrictions(cfg: Config, given: Dict[str, str]) -> Dict[str, object]:
 def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, host_bytes: float, cuda: bool,
                 given: Dict[str, str], vocab_size: int, measure: Optional[Callable] = None,
                 devices_here: int = 0) -> Tuple[Config, List[str]]:
-    """`cfg` with the planned layout, and what to print (at most three lines). With
+    """`cfg` with the planned layout, and what to print (a few lines). With
     plan.measure=K, `measure(plan, K, steps)` (zoo.plan.measure.measure: the layouts run on this
     machine) runs the planner's top K and the fastest measured is taken; None: plan.measure is
     refused (the ranks were not started by zoo's own launcher)."""
@@ -129,6 +129,10 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
              f"rank(s) on {nodes} node(s) of {device_bytes / GB:.1f} GB each: {best.mem.total / GB:.2f} GB a rank"
              + (f"; kept {named}" if named else ""),
              f"parallel=auto: {reason}"]
+    if not plan.cluster.measured:  # the GPU preset's fixed costs: not measured on a GPU yet
+        from zoo.plan.report import measured_note
+
+        lines.append(f"parallel=auto: {measured_note(plan.cluster).strip('()')}")
     return planned, lines
 
 

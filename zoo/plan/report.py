@@ -172,6 +172,7 @@ def render_text(p: Plan) -> str:
     out += [_row(i + 1, x) for i, x in enumerate(p.candidates[:p.plan.top])]
     if c.runtime_gb > 0:
         out.append(f"  (total includes {c.runtime_gb:g} GB a rank takes before any model: cluster.runtime_gb)")
+    out.append(f"  {measured_note(c)}")
     out += ["", "Device topology of the recommended layout:"]
     if p.plan.verbose:
         from zoo.parallel.topology import describe_grid  # imports DeepSpeed: only the full diagram needs it
@@ -202,6 +203,14 @@ def host_lines(p: Plan, best: Candidate) -> List[str]:
         out.append(f"  note: an async save would need {host.with_async / GB:.1f} GB of host memory per node, more than "
                    f"{p.plan.mem_fraction:.0%} of {c.host_mem_gb:g} GB: save synchronously on these nodes")
     return [textwrap.fill(line, WIDTH, subsequent_indent="    ") for line in out]
+
+
+def measured_note(c) -> str:
+    """Whether the preset's fixed costs (a rank's memory before any model, the time per
+    micro-batch and per layer) were measured, and where; estimates leave them out otherwise."""
+    if c.measured:
+        return f"(cluster {c.name}: runtime memory and fixed overheads measured {c.measured})"
+    return f"(cluster {c.name}: runtime memory and fixed overheads unmeasured, left out (0): benchmarks/gpu_check)"
 
 
 def train_overrides(p: Plan, best: Candidate) -> List[str]:

@@ -67,6 +67,10 @@ class ClusterConfig:
     layer_overhead_ms: float = 0.0
     """The same per layer and micro-batch (operator dispatch and kernel launches, the latency
     of the layer's tensor-parallel collectives); a recomputed forward adds a third of it."""
+    measured: Optional[str] = None
+    """Where and when runtime_gb and the two overheads were measured (the date and the device,
+    e.g. `2026-12-05, the 2-core CPU machine`); None: not measured, so they are 0 and the plan
+    says its estimates leave them out."""
 
 
 @dataclass

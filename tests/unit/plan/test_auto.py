@@ -132,3 +132,14 @@ def test_document_masking_is_planned_for():
             _plan("model.block_size=4096", f"data.document_mask={mask}", device_gb=0.001)
         needs.append(float(re.search(r"the smallest needs ([0-9.]+) GB a rank", str(err.value)).group(1)))
     assert needs[1] - needs[0] >= 0.06, needs
+
+
+def test_on_cuda_the_plan_says_the_gpu_presets_fixed_costs_are_unmeasured():
+    """#51 item 5: the h200 preset's runtime memory and overheads were never measured on a GPU:
+    parallel=auto says its estimate leaves them out; on CPU (measured) it says nothing."""
+    cfg = composed("parallel=auto", "trainer.global_batch_size=16")
+    _, lines = plan_layout(cfg, world=4, per_node=4, device_bytes=80 * GB, host_bytes=64 * GB, cuda=True,
+                           given=given_keys(["trainer.global_batch_size=16"]), vocab_size=4096)
+    assert len(lines) == 3 and lines[2] == ("parallel=auto: cluster 4 rank(s) here: runtime memory and fixed overheads "
+                                            "unmeasured, left out (0): benchmarks/gpu_check")
+    assert len(_plan("trainer.global_batch_size=16")[1]) == 2

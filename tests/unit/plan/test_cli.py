@@ -63,7 +63,7 @@ def test_the_recommendation_leads_and_the_text_fits_a_terminal():
     rank grid only with plan.verbose=true, lines at most 110 characters but the command."""
     lines = run(plan_cfg("model.size=gpt3-175b", "cluster.nodes=128", "trainer.global_batch_size=1536")).splitlines()
     assert lines[0].startswith("RECOMMENDED: tp=8 ") and lines[3].startswith("  train with: python -m zoo.train ")
-    assert len(lines) <= 46 and not any("group: [" in line for line in lines)
+    assert len(lines) <= 47 and not any("group: [" in line for line in lines)
     assert lines[4].startswith("  (add --dry-run to that command to check it where it will run")
     assert all(len(line) <= 110 for i, line in enumerate(lines) if i != 3)
     assert "  1024 ranks on node[0-127] (8 per node); ranks are ordered dp, pp, tp (tp fastest)" in lines
@@ -218,3 +218,12 @@ def test_a_cpu_plan_speaks_of_cpu_ranks_not_gpus():
     assert "GPU" not in text and "NVLink" not in text, [line for line in text.splitlines() if "GPU" in line]
     assert "fits one CPU rank's 8.0 GB usable" in text and "(memory in GB per CPU rank)" in text
     assert "GB per GPU" in run(plan_cfg("cluster=h200", "model.size=small", "trainer.global_batch_size=64"))
+
+
+def test_a_plan_says_whether_its_presets_fixed_costs_were_measured():
+    """#51 item 5: a GPU preset's runtime memory and overheads are unmeasured until a GPU measures
+    them (cluster.measured, with the date and the device); the cpu preset's were."""
+    gpu = run(plan_cfg("cluster=h200", "model.size=small", "trainer.global_batch_size=64"))
+    assert "(cluster h200: runtime memory and fixed overheads unmeasured, left out (0): benchmarks/gpu_check)" in gpu
+    cpu = run(plan_cfg("cluster=cpu", "model.size=tiny", "trainer.global_batch_size=16"))
+    assert "(cluster cpu: runtime memory and fixed overheads measured 2026-12-05, this 2-core CPU machine)" in cpu
