@@ -55,9 +55,7 @@ RUN_RESULTS = ("summary.json", "metrics.jsonl", "model.safetensors", "model.safe
 def _refuse_overwriting(run_dir: str) -> None:
     """A fresh start never writes over an earlier run's checkpoints or results (a run still
     going there is refused by its lock instead, naming it)."""
-    from zoo.run.lock import RunDirLock
-
-    if RunDirLock(run_dir).in_use():
+    if _running_there(run_dir):
         return
     steps = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir())
     if steps:
@@ -72,10 +70,8 @@ def _refuse_overwriting(run_dir: str) -> None:
 def _refuse_starting_over(run_dir: str) -> None:
     """resume=auto where no checkpoint is: a fresh start, unless the directory holds a finished
     run (its results), which a fresh start would overwrite."""
-    from zoo.run.lock import RunDirLock
-
     path = Path(run_dir)
-    if RunDirLock(run_dir).in_use() or any(p.is_dir() for p in (path / "checkpoints").glob("step_*")):
+    if _running_there(run_dir) or any(p.is_dir() for p in (path / "checkpoints").glob("step_*")):
         return
     results = [name for name in ("summary.json", "model.safetensors", "model.safetensors.index.json")
                if (path / name).exists()]
@@ -87,6 +83,7 @@ def _refuse_starting_over(run_dir: str) -> None:
 
 
 def _running_there(run_dir: str) -> bool:
+    """A run is going on in `run_dir` (its lock is held): starts there are refused by the lock, naming it."""
     from zoo.run.lock import RunDirLock
 
     return RunDirLock(run_dir).in_use()

@@ -192,11 +192,10 @@ def _own_digests(tmp: Path, subdir: str, rank: int, world: int) -> dict:
     """{relative path: {bytes, xxh3_64}} of the files under tmp/subdir that this rank verifies
     (zoo.checkpoint.verify.owner: its own by the rank in their names, and every world-th other)."""
     from zoo.checkpoint.verify import owner
-    from zoo.run.checksums import digest
+    from zoo.run.checksums import manifest
 
-    files = sorted(str(p.relative_to(tmp)) for p in (tmp / subdir).rglob("*") if p.is_file())
-    return {name: {"bytes": (tmp / name).stat().st_size, "xxh3_64": digest(tmp / name)}
-            for i, name in enumerate(files) if owner(name, i, world) == rank}
+    mine = manifest(tmp / subdir, keep=lambda name, position: owner(name, position, world) == rank)
+    return {f"{subdir}/{name}": record for name, record in mine.items()}
 
 
 def _write_atomic(path: Path, text: str) -> None:

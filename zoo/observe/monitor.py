@@ -234,6 +234,7 @@ class Monitor:
             dist.all_gather(ranks, mine)
         ranks = torch.stack(ranks).cpu()
         step_time = window / steps
+        top = int(ranks[:, 2].argmax())
         utils = ranks[:, 3][~torch.isnan(ranks[:, 3])]
         record = {
             "step": step, "loss": loss, "lr": self.engine.get_lr()[0], "grad_norm": engine_state.grad_norm(self.engine),
@@ -243,7 +244,9 @@ class Monitor:
                 "skipped_share": engine_state.skipped_steps(self.engine) / max(step, 1)} if self.fp16 else {}),
             "tokens_per_s": self.tokens_per_step / step_time, "samples_per_s": self.samples_per_step / step_time,
             "step_time_s": step_time, "mfu": self.mfu(step_time),
-            "peak_mem_bytes": int(ranks[:, 2].max()), "peak_mem_rank": int(ranks[:, 2].argmax()), "peak_mem_share": float(ranks[:, 2].max()) / self.device_memory,
+            # the largest rank's peak, and which rank it is
+            "peak_mem_bytes": int(ranks[top, 2]), "peak_mem_rank": top,
+            "peak_mem_share": float(ranks[top, 2]) / self.device_memory,
             "gpu_util": float(utils.mean()) if len(utils) else None,
             # One rank has no peer to communicate with: its few no-op collectives are no share.
             "comm_share": min(1.0, float(ranks[:, 0].mean())) if self.layout.world_size > 1 else None,

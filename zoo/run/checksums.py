@@ -3,7 +3,7 @@ when they are written and check before they are read (xxh3-64, several GB/s)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 _CHUNK = 8 << 20
 
@@ -18,11 +18,14 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def manifest(directory: Path, *, exclude: tuple = ()) -> Dict[str, dict]:
-    """{relative path: {"bytes": size, "xxh3_64": digest}} of every file under `directory`."""
+def manifest(directory: Path, *, exclude: tuple = (),
+             keep: Optional[Callable[[str, int], bool]] = None) -> Dict[str, dict]:
+    """{relative path: {"bytes": size, "xxh3_64": digest}} of every file under `directory`;
+    `keep(relative path, its position in path order)`: only the files it keeps are read."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and str(p.relative_to(directory)) not in exclude
                    and p.name not in exclude)
-    return {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "xxh3_64": digest(p)} for p in files}
+    return {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "xxh3_64": digest(p)}
+            for i, p in enumerate(files) if keep is None or keep(str(p.relative_to(directory)), i)}
 
 
 def mismatch(directory: Path, record: Dict[str, dict], verified: Optional[Dict[str, list]] = None) -> Optional[str]:
