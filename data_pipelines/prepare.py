@@ -592,7 +592,9 @@ def main(argv=None) -> None:
                                     f"tokenizer: keep one")
                 check_vocab(a.train_tokenizer, part)
                 source = open_source(a.name, a.path, a.text_column)
-                next(source.texts({}), None)  # a wrong column or an unreadable first file: refused before training
+                counts: dict = {}  # a wrong column, an unreadable first file or no text: refused before training
+                if next(source.texts(counts), None) is None:
+                    raise no_text(source, counts)
                 tokenizer = str(trained_tokenizer(source, a.train_tokenizer, a.out, where=as_flags(source.describe())))
             elif not tokenizer:
                 raise DataError("--tokenizer is required (a local tokenizer directory or a Hub name), or "

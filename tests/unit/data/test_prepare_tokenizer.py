@@ -74,3 +74,12 @@ def test_a_missing_path_names_the_flag(tmp_path, capsys):
     assert _prepare("--path", str(tmp_path / "nope"), "--train-tokenizer", "600", "--out", str(tmp_path / "o")) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"data_pipelines.prepare: error: --path {tmp_path / 'nope'}: no such file or directory", err
+
+
+def test_a_source_without_text_is_refused_before_anything_is_trained_or_written(tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    out = tmp_path / "out"
+    assert _prepare("--path", str(tmp_path / "empty.jsonl"), "--train-tokenizer", "600", "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no text" in err[0] and "point --path at files with text" in err[0], err
+    assert not out.exists()
