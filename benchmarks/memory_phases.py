@@ -127,7 +127,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     from zoo.parallel.build import ZeroThree
 
     zero3 = ZeroThree(config=deepspeed_config(cfg, layout), group=grid.get_data_parallel_group(),
-                      dtype=torch.float32) if zero == 3 else None
+                      dtype=torch.float32, mpu=grid) if zero == 3 else None
 
     def model(weights=None):
         return build(family("gpt"), shape, layout, seed=0, device=torch.device("cpu"), tp_group=tp_group(grid),

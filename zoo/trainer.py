@@ -18,20 +18,19 @@ import torch.distributed as dist
 
 from data_pipelines.loader import StepLoader
 from zoo import checkpoint
-from zoo.checkpoint.consolidate import consolidated_state_dict
 from zoo.checkpoint.final import write_final
-from zoo.checkpoint.weights import load_plain
 from zoo.config.schema import Config
 from zoo.engine import initialize_engine, micro_batching
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
+from zoo.families.accuracy import tallied
 from zoo.families.base_task import Task
 from zoo.families.registry import family
-from zoo.models.compile import compile_seconds
+from zoo.models.compile import compile_seconds, eager
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
-from zoo.parallel.topology import Layout
+from zoo.parallel.topology import Layout, tp_group
 from zoo.run import signals
 from zoo.run.quiet import held_stdout
 
@@ -85,6 +84,7 @@ class Trainer:
         self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
         self.stopped_early = None  # the step early stopping ended the run at
         self.last_eval = None  # the latest evaluation's record
+        self.eval_scores: dict = {}  # the latest evaluation's tally (the task's eval_tally), summed
         self.resumed_from = self._resume(found) if found is not None else None
         if self.resumed_from is not None and self.step >= cfg.trainer.max_steps:  # nothing written yet
             from zoo.config.continuation import refusal_at_step
@@ -299,14 +299,32 @@ class Trainer:
         trainer.eval_batches=0): each batch's mean loss times its targets, summed over the
         data-parallel ranks' disjoint batches, over the targets counted. The same samples and
         the same mean on every layout, whatever the micro-batch and the data-parallel degree."""
-        from zoo.models.losses import IGNORE, summed
+        from zoo.models.losses import IGNORE
 
         self.engine.eval()
         batches = self.task.eval_batches(micro_batch=self.micro_batch_size, dp_rank=self.dp_rank,
                                          dp_size=self.layout.dp)
+        self.eval_scores = {}
         if not batches:
             return None
+        tally = self.task.eval_tally(tp_group(self.grid))
+        if tally is None:
+            total = self._summed_eval_loss(batches)
+        else:  # the loss function of the forward counts the predictions too, on the model in place
+            owner = (self.engine.module.loss_fn, "loss") if self.pipelined else (self.engine.module, "loss_fn")
+            with tallied(*owner, tally), eager(self.engine.module):
+                total = self._summed_eval_loss(batches)
+            self.eval_scores = tally.totals(self.layout.tp, self.device)
         counted = sum((y != IGNORE).sum() for _, y in batches).float()
+        if self.layout.dp > 1:
+            dist.all_reduce(counted, group=self.dp_group)
+        return (total / counted).item()
+
+    def _summed_eval_loss(self, batches) -> torch.Tensor:
+        """The loss summed over the targets of this replica's held-out batches (summed over the
+        data-parallel replicas: over all of them)."""
+        from zoo.models.losses import summed
+
         if self.pipelined:  # DeepSpeed averages the loss function's outputs over micro-batches and dp
             loss_fn = self.engine.module.loss_fn
             loss_fn.summing = True
@@ -319,9 +337,7 @@ class Trainer:
             total = sum(summed(self.engine(x, y), y) for x, y in batches)
             if self.layout.dp > 1:
                 dist.all_reduce(total, group=self.dp_group)
-        if self.layout.dp > 1:
-            dist.all_reduce(counted, group=self.dp_group)
-        return (total / counted).item()
+        return total
 
     def periodic_evaluation(self) -> dict:
         """The held-out evaluation between two steps (collective): it changes nothing of the
@@ -334,11 +350,10 @@ class Trainer:
         self.loader.wait_idle()
         with self.monitor.outside_step():
             eval_loss = self.evaluate()
-            plain = self._plain_model_on_rank0() if self.task.eval_metrics_need_weights() else None
             record = {"step": self.step, "eval_loss": eval_loss, "eval_samples": self.task.eval_samples(),
-                      **self.task.eval_metrics(eval_loss, plain),
+                      **(self.task.eval_metrics(eval_loss, self.eval_scores) if self.rank == 0 else {}),
                       "eval_time_s": time.perf_counter() - t0}
-            torch.set_rng_state(rng)  # building the plain model drew from it too
+            torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state(cuda_rng, self.device)
             es, s = self.cfg.trainer.early_stop, self.eval_state
@@ -352,20 +367,19 @@ class Trainer:
                 self.stopped_early = self.step
         return record
 
-    def _plain_model_on_rank0(self, from_file: bool = False):
-        """The single-device model with the full weights on rank 0, None elsewhere: read from
-        the final weights just written (`from_file`), else consolidated (collective: every
-        rank takes part in the gather)."""
-        state = None if from_file else consolidated_state_dict(self.engine.module, self.grid)
-        if self.rank != 0:
+    def sample(self) -> Optional[list]:
+        """The task's end-of-run sample decoded on the distributed model in place (collective:
+        every rank takes part, none builds the whole model), or None where it asks none."""
+        want = self.task.sampling()
+        if want is None:
             return None
-        if state is None:
-            from zoo.checkpoint.final import load_run_weights
+        from zoo.parallel.generate import InPlaceDecoder, sample_in_place
 
-            state = load_run_weights(self.run_dir)
-        model = self.task.plain_model()
-        load_plain(model, state)
-        return model.eval()
+        decoder = InPlaceDecoder(self.engine.module, self.grid, self.layout, self.device,
+                                 sequence_parallel=self.cfg.parallel.sequence_parallel,
+                                 document_mask=want.document_mask)
+        with eager(self.engine.module):
+            return sample_in_place(decoder, want)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> None:
@@ -587,11 +601,10 @@ class Trainer:
     def finish(self, eval_loss: float) -> dict:
         """Write the final weights (checkpoint.save_final; collective, tensor by tensor) and
         compute the family's metrics on rank 0, with the plain model where they need it."""
-        saved = self.cfg.checkpoint.save_final
-        if saved:
+        if self.cfg.checkpoint.save_final:
             write_final(self.engine, self.grid, self.run_dir, self.meta)
-        model = self._plain_model_on_rank0(from_file=saved) if self.task.final_metrics_need_weights() else None
-        return self.task.final_metrics(model, eval_loss) if self.rank == 0 else {}
+        sample = self.sample()
+        return self.task.final_metrics(eval_loss, self.eval_scores, sample) if self.rank == 0 else {}
 
     def close(self) -> None:
         """Stop the loader and the monitor, finish the tracker (with the exit code when a

@@ -71,6 +71,53 @@ def test_layout_matches_single_process_per_step(family_run, family, preset):
         torch.testing.assert_close(w[name], ref_w[name], rtol=1e-4, atol=atol, msg=name)
 
 
+@pytest.mark.parametrize("family, preset", [(f, p) for f, presets in ALLOWED.items() for p in presets if p != "ddp"])
+def test_accuracy_counted_in_place_equals_one_process(family_run, family, preset):
+    """The evaluation's accuracy is counted by its own forward on the distributed model (the
+    vocab-parallel argmax under tp, the last stage under pp, every ZeRO-3 replica its own
+    batches): at steps 2 and 4 the same as one process's (3d's against one process at its
+    micro-batch of 1). The plain model was built and filled on rank 0 for it before."""
+    extra = ("trainer.micro_batch_size=1",) if preset == "3d" else ()
+    ref, run = family_run(family, "ddp", *extra), family_run(family, preset)
+    if family == "cnn" and preset.startswith("zero"):
+        # BatchNorm's statistics are synchronised over the replicas, so the batches differ
+        # from one process's: its own final weights, evaluated in one process, instead.
+        assert run.summary["eval_accuracy"] == pytest.approx(_one_process_cnn_accuracy(run, 24), abs=1e-6)
+        return
+
+    def accuracy(r):
+        return {m["step"]: m["eval_accuracy"] for m in r.metrics if "eval_loss" in m}
+
+    assert list(accuracy(run)) == [2, 4]
+    for step, value in accuracy(ref).items():
+        assert accuracy(run)[step] == pytest.approx(value, abs=1e-6), step
+    assert run.summary["eval_accuracy"] == pytest.approx(ref.summary["eval_accuracy"], abs=1e-6)
+    if family == "bert":
+        assert run.summary["eval_masked_tokens"] == ref.summary["eval_masked_tokens"] > 0
+    else:
+        assert run.summary["eval_images"] == ref.summary["eval_images"] == 24
+
+
+def _one_process_cnn_accuracy(run, count: int) -> float:
+    import json
+
+    from safetensors import safe_open
+
+    from data_pipelines.images import load_digits
+    from zoo.checkpoint.final import load_run_weights
+    from zoo.checkpoint.weights import load_plain
+    from zoo.models.cnn import ResNet, cnn_shape
+
+    with safe_open(str(run.run_dir / "model.safetensors"), "pt") as f:
+        meta = json.loads(f.metadata()["shape"])
+    model = ResNet(cnn_shape(meta["size"], in_channels=meta["in_channels"], num_classes=meta["num_classes"],
+                             image_size=meta["image_size"])).eval()
+    load_plain(model, load_run_weights(run.run_dir))
+    held = load_digits(0.2)
+    with torch.no_grad():
+        return (model(held.eval_x[:count]).argmax(-1) == held.eval_y[:count]).float().mean().item()
+
+
 def test_bert_3d_matches_single_process(family_run):
     """tp2 x pp2 x dp2 against one process with 3d's micro-batch of 1: the loss is a mean over
     each micro-batch's masked tokens, so the micro-batches must hold the same samples."""

@@ -1,15 +1,16 @@
 """Layout-free weights: gather a rank's (tensor-parallel, ZeRO-3-partitioned) parameters
 into the full single-device state dict, named as in the plain model.
 
-This is what the end-of-run weights file, the comparison tests and export read; tied
-parameters appear once, under their first name.
+Tests read a small model's full weights with `full_parameters`; tied parameters appear once,
+under their first name. No run path gathers a whole model onto one rank: the end-of-run sample
+and the accuracies run on the distributed model in place (zoo.parallel.generate,
+zoo.families.accuracy), the final weights are streamed tensor by tensor (zoo.checkpoint.final).
 """
 from __future__ import annotations
 
 from typing import Dict
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from zoo.engine.state import gathered
@@ -33,28 +34,6 @@ def full_parameters(module: nn.Module, tp_group=None, prefix: str = "") -> Dict[
         if name in persistent and name not in out:  # buffers (e.g. BatchNorm running statistics)
             out[name] = b.detach().cpu().clone()
     return out
-
-
-def consolidated_state_dict(module: nn.Module, grid) -> Dict[str, torch.Tensor]:
-    """The plain model's full state dict on global rank 0 (other ranks get their own part).
-
-    Collective over all ranks. Pipeline stages send their pieces (renamed to the plain
-    model's names) to rank 0; the tied embedding held by the first and last stage is the
-    same tensor on both."""
-    from zoo.parallel.topology import tp_group
-
-    local = {plain_name(n): t for n, t in full_parameters(module, tp_group(grid)).items()}
-    if grid.get_pipe_parallel_world_size() == 1:
-        return local
-    owner = grid.get_data_parallel_rank() == 0 and grid.get_slice_parallel_rank() == 0
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(local if owner else {}, parts, dst=0)
-    if dist.get_rank() != 0:
-        return local
-    merged: Dict[str, torch.Tensor] = {}
-    for part in parts:
-        merged.update(part)
-    return merged
 
 
 @torch.no_grad()

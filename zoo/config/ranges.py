@@ -105,6 +105,8 @@ RANGES = {
     "trainer.profile.start": Range(ge=0, hint="the first profiled step, counted from 1; 0: no profiling"),
     "trainer.profile.steps": POSITIVE,
     "trainer.sample_tokens": Range(ge=0, hint="0: no sample"),
+    "trainer.sample_temperature": Range(ge=0, hint="0: greedy"),
+    "trainer.sample_top_k": Range(ge=0, hint="0: the whole vocabulary"),
     "trainer.max_nonfinite_steps": POSITIVE,
     "checkpoint.every": Range(ge=0, hint="0: only on request (signals)"),
     "checkpoint.keep": POSITIVE,

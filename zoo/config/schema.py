@@ -261,7 +261,12 @@ class TrainerConfig:
     empty held-out split is refused before training, one smaller than a set value is warned
     about."""
     sample_tokens: int = 48
-    """Tokens generated at the end of a language-model run (0: none)."""
+    """Tokens generated at the end of a language-model run (0: none), on the distributed model
+    in place (every rank takes part, with a decode cache; zoo.parallel.generate)."""
+    sample_temperature: float = 0.8
+    """The sample's temperature; 0: greedy (the most likely token each time)."""
+    sample_top_k: int = 40
+    """The sample draws from the top-k tokens (0: all of them)."""
     eval_every: int = 0
     """Evaluate on the held-out split every this many steps (0: only at the end)."""
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)

@@ -70,7 +70,7 @@ class Task:
 
             options["zero3"] = ZeroThree(config=deepspeed_config(self.cfg, self.layout),
                                          group=grid.get_data_parallel_group(),
-                                         dtype=TORCH_DTYPES[self.cfg.precision.dtype])
+                                         dtype=TORCH_DTYPES[self.cfg.precision.dtype], mpu=grid)
         model = build(self.spec, self.shape, self.layout, weights=self.init_state, **options)
         if self.cfg.model.compile:
             from zoo.models.compile import compile_model
@@ -189,35 +189,39 @@ class Task:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     # -- the end of a run -----------------------------------------------------------------
-    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
-        """What a periodic evaluation reports besides its loss; `model` is the plain model with
-        the consolidated weights (rank 0) when `eval_metrics_need_weights()`, else None."""
+    def eval_metrics(self, eval_loss: float, scores: Dict[str, int]) -> Dict[str, object]:
+        """What a periodic evaluation reports besides its loss (rank 0); `scores`: the
+        evaluation's tally (`eval_tally`), summed over the job, else empty."""
         return {}
 
-    def eval_metrics_need_weights(self) -> bool:
-        return False
+    def eval_tally(self, tp_group):
+        """What the evaluation's forward counts besides the loss (zoo.families.accuracy), or None."""
+        return None
 
-    def final_metrics(self, model, eval_loss: float) -> Dict[str, object]:
-        """Family metrics on rank 0; `model` is the plain model with the consolidated
-        weights when `final_metrics_need_weights()`, else None."""
+    def sampling(self):
+        """The end-of-run sample to decode on the distributed model (zoo.parallel.generate.Sampling), or None."""
+        return None
+
+    def final_metrics(self, eval_loss: float, scores: Dict[str, int], sample: Optional[List[int]]) -> Dict[str, object]:
+        """Family metrics on rank 0, from the last evaluation's loss and tally and the sample's
+        tokens (prompt included; None without one)."""
         return {}
-
-    def final_metrics_need_weights(self) -> bool:
-        """Whether `final_metrics` needs the trained weights (consolidated on rank 0)."""
-        return True
 
 
 class AccuracyEvaluation:
-    """A family whose held-out metric is an accuracy (BERT's masked tokens, the CNN's images):
-    every periodic evaluation reports it too, from the final metrics on the same samples."""
+    """A family whose held-out metric is an accuracy (BERT's masked tokens, the CNN's images),
+    counted by the evaluation's own forward on the distributed model: every periodic
+    evaluation reports it too, with the final metrics' baselines on the same samples."""
 
-    def eval_metrics_need_weights(self) -> bool:
-        return True
+    def eval_tally(self, tp_group):
+        from zoo.families.accuracy import TopOneTally
 
-    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
-        if model is None:
+        return TopOneTally(tp_group)
+
+    def eval_metrics(self, eval_loss: float, scores: Dict[str, int]) -> Dict[str, object]:
+        if not scores:
             return {}
-        out = self.final_metrics(model, eval_loss)
+        out = self.final_metrics(eval_loss, scores, None)
         return {k: out[k] for k in ("eval_accuracy", "baseline_accuracy", "majority_class_accuracy") if k in out}
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -173,8 +173,17 @@ class CausalLMTask(TextDocuments, Task):
     def model_meta(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self.shape).items() if k != "dropout"}
 
-    def final_metrics_need_weights(self) -> bool:
-        return self.cfg.trainer.sample_tokens > 0  # perplexities come from the losses alone
+    def sampling(self):
+        """The end-of-run sample (trainer.sample_tokens after the prompt), decoded on the
+        distributed model in place (zoo.parallel.generate); perplexities need no weights."""
+        from zoo.parallel.generate import Sampling
+
+        t = self.cfg.trainer
+        if t.sample_tokens == 0:
+            return None
+        return Sampling(prompt=self.tokenizer(self.sample_prompt())["input_ids"], max_new_tokens=t.sample_tokens,
+                        block_size=self.shape.block_size, temperature=t.sample_temperature, top_k=t.sample_top_k,
+                        seed=t.seed, document_mask=self.document_end is not None)
 
     def _unigram_perplexity(self) -> float:
         from data_pipelines.lm import unigram_perplexity
@@ -203,8 +212,7 @@ class CausalLMTask(TextDocuments, Task):
     def num_eval(self) -> int:
         return len(self.blocks.eval)
 
-    @torch.no_grad()
-    def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
+    def final_metrics(self, eval_loss: float, scores: Dict[str, int], sample: Optional[List[int]]) -> Dict[str, object]:
         out: Dict[str, object] = {
             **({} if eval_loss is None else {"eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf")}),
             "unigram_perplexity": self._unigram_perplexity(),
@@ -212,16 +220,12 @@ class CausalLMTask(TextDocuments, Task):
             "data": {**self.data_counts, **{k: self.blocks.meta[k] for k in ("documents", "tokens", "tail_tokens_dropped",
                                                                              "train_blocks", "eval_blocks", "mix")
                                             if k in self.blocks.meta}}}
-        n = self.cfg.trainer.sample_tokens
-        if n > 0 and model is not None:
-            prompt = self.sample_prompt()
-            ids = torch.tensor([self.tokenizer(prompt)["input_ids"]])
-            gen = model.generate(ids, n, generator=torch.Generator().manual_seed(self.cfg.trainer.seed))
-            out["sample_prompt"] = prompt
-            out["sample"] = self.tokenizer.decode(gen[0].tolist())
+        if sample is not None:
+            out["sample_prompt"] = self.sample_prompt()
+            out["sample"] = self.tokenizer.decode(sample)
         return out
 
-    def eval_metrics(self, eval_loss: float, model=None) -> Dict[str, object]:
+    def eval_metrics(self, eval_loss: float, scores: Dict[str, int]) -> Dict[str, object]:
         return {"eval_perplexity": math.exp(eval_loss) if eval_loss < 50 else float("inf")}
 
     def sample_prompt(self) -> str:

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from zoo.models.kv_cache import DecodeCache, decoding
 from zoo.models.losses import cross_entropy_per_token, masked_mean
 from zoo.models.stages import run_layers
 
@@ -66,17 +67,51 @@ class CausalLM(nn.Module):
         return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
 
 
+def pick_tokens(logits: torch.Tensor, *, temperature: float, top_k: int,
+                generator: Optional[torch.Generator]) -> torch.Tensor:
+    """(B, V) logits of the next position -> (B, 1) tokens: the most likely with temperature
+    0, else sampled from the top-k at that temperature (in float32)."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+@torch.no_grad()
+def decode(run: Callable[[torch.Tensor], object], choose: Callable[[object], torch.Tensor], idx: torch.Tensor,
+           max_new_tokens: int, *, block_size: int, cache: Optional[DecodeCache]) -> torch.Tensor:
+    """The decoding loop: `run(tokens)` is the model's forward of the tokens not yet run (all of
+    the context the first time, then the last token; with no `cache` the whole context each
+    time), `choose(out)` the (B, 1) next tokens from its output. At most `block_size` tokens
+    are fed back; once the context is longer, every position moves and each step runs the
+    last `block_size` tokens afresh (the cache cleared: they are a new prompt)."""
+    for _ in range(max_new_tokens):
+        if cache is not None and idx.shape[1] <= block_size:
+            new = idx[:, cache.length:]
+        else:
+            new = idx[:, -block_size:]
+            if cache is not None:
+                cache.clear()
+        out = run(new)
+        if cache is not None:
+            cache.advance(new.shape[1])
+        idx = torch.cat([idx, choose(out).to(idx.device)], dim=1)
+    return idx
+
+
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, max_new_tokens: int, *, block_size: int, temperature: float = 0.8,
              top_k: int = 40, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """Sample continuations (top-k, temperature), feeding at most `block_size` tokens back."""
-    for _ in range(max_new_tokens):
-        ctx = idx[:, -block_size:]
-        logits = model(ctx)[:, -1, :] / temperature
-        if top_k:
-            kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = F.softmax(logits.float(), dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=generator)
-        idx = torch.cat([idx, nxt], dim=1)
-    return idx
+    """Sample continuations (top-k, temperature; 0: greedy) with a decode cache, feeding at
+    most `block_size` tokens back."""
+    def choose(logits):
+        return pick_tokens(logits[:, -1, :], temperature=temperature, top_k=top_k, generator=generator)
+
+    if model.document_end is not None:  # document masking computes positions from the tokens: no cache
+        return decode(model, choose, idx, max_new_tokens, block_size=block_size, cache=None)
+    with decoding(model, block_size) as cache:
+        return decode(model, choose, idx, max_new_tokens, block_size=block_size, cache=cache)

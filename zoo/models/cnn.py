@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -182,6 +182,7 @@ class ResNet(nn.Module):
         for s, stage in enumerate(stages, start=1):
             self.add_module(f"layer{s}", stage)
         self.fc = nn.Linear(shape.widths[-1] * shape.expansion, shape.num_classes)
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = classification_loss
 
     def pipeline_layers(self) -> List[PipeLayer]:
         """The forward in order: stem, every residual block, pooling and the classifier."""
@@ -190,4 +191,4 @@ class ResNet(nn.Module):
 
     def forward(self, images: torch.Tensor, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         logits = run_layers(self, self.pipeline_layers(), images)  # (B, classes)
-        return logits if labels is None else classification_loss(logits, labels)
+        return logits if labels is None else self.loss_fn(logits, labels)

@@ -17,11 +17,12 @@ compile time itself (`compile_s`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch.nn as nn
 
@@ -85,3 +86,18 @@ def compile_model(module: nn.Module) -> int:
     for block in blocks:
         block.compile()
     return len(blocks)
+
+
+@contextlib.contextmanager
+def eager(module: nn.Module) -> Iterator[None]:
+    """`module` and its submodules run their eager forward until the block ends (a compiled
+    one's compiled call set aside): decoding and the evaluation's tally change the forward's
+    inputs and attributes at every call, which would recompile it each time."""
+    compiled = [(m, m._compiled_call_impl) for m in module.modules() if getattr(m, "_compiled_call_impl", None)]
+    for m, _ in compiled:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, call in compiled:
+            m._compiled_call_impl = call

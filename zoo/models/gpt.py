@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
 from zoo.models.documents import attention_mask, with_documents
+from zoo.models.kv_cache import ReadsDecodeCache
 from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_embd, block_size)
@@ -79,7 +80,7 @@ class GPTShape:
         return self.ffn_mult * self.n_embd
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(ReadsDecodeCache, nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float):
         super().__init__()
         self.head_dim = n_embd // n_head
@@ -97,7 +98,11 @@ class CausalSelfAttention(nn.Module):
         # (B, nh_local, T, hs)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         mask = None if positions is None else attention_mask(positions, q.dtype)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+        causal = mask is None
+        if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
+            k, v = self.decode_cache.extend(self, k, v)
+            causal = self.decode_cache.prompt  # a later token attends to every earlier one
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, three_c // 3)
         return self.resid_dropout(self.c_proj(y))
@@ -127,7 +132,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class Embeddings(nn.Module):
+class Embeddings(ReadsDecodeCache, nn.Module):
     """Token plus learned position embeddings (the first pipeline stage)."""
 
     def __init__(self, shape: GPTShape):
@@ -138,7 +143,11 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(shape.dropout)
 
     def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device) if positions is None else positions
+        if positions is None:  # 0..T-1, or on from the decode cache's length
+            start = self.cache_start()
+            pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        else:
+            pos = positions
         return self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
 
 

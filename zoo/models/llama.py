@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
 from zoo.models.documents import attention_mask, with_documents
+from zoo.models.kv_cache import ReadsDecodeCache
 from zoo.models.stages import PipeLayer
 
 # name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta, tied), from each
@@ -120,19 +121,23 @@ def _rope_tables(T: int, d: int, theta: float, device: torch.device, dtype: torc
         return emb.cos().to(dtype), sin.to(dtype)
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float, positions: Optional[torch.Tensor] = None) -> tuple:
+def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float, positions: Optional[torch.Tensor] = None,
+               start: int = 0) -> tuple:
     """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1 (or
     `positions`, (B, T), each token's position in its document): x * cos + rotate_half(x) * sin,
     with rotate_half(x) * sin = roll(x, d/2) * signed sin (the same products, bit for bit; a
-    roll's backward is a roll, where a cat's is a split and a cat)."""
+    roll's backward is a roll, where a cat's is a split and a cat). `start`: the first token's
+    position (decoding with a cache); the table's rows are the same whatever its length."""
     d = q.shape[-1]
-    cos, signed_sin = _rope_tables(q.shape[-2], d, float(theta), q.device, q.dtype)
+    cos, signed_sin = _rope_tables(start + q.shape[-2], d, float(theta), q.device, q.dtype)
+    if start:
+        cos, signed_sin = cos[start:], signed_sin[start:]
     if positions is not None:  # each row's own angles, (B, 1, T, d): the table's rows, picked
         cos, signed_sin = cos[positions][:, None], signed_sin[positions][:, None]
     return q * cos + q.roll(d // 2, -1) * signed_sin, k * cos + k.roll(d // 2, -1) * signed_sin
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(ReadsDecodeCache, nn.Module):
     def __init__(self, shape: LlamaShape):
         super().__init__()
         d, kv = shape.head_dim, shape.n_kv_head * shape.head_dim
@@ -150,16 +155,20 @@ class LlamaAttention(nn.Module):
         B, T, _ = q.shape  # the whole sequence: under sequence parallelism x holds a shard of it
         # (B, heads_local, T, hs): under TP each rank holds whole query heads and their kv heads
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        q, k = apply_rope(q, k, self.theta, positions)
+        q, k = apply_rope(q, k, self.theta, positions, start=self.cache_start())
         mask = None if positions is None else attention_mask(positions, q.dtype)
+        causal = mask is None
+        if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
+            k, v = self.decode_cache.extend(self, k, v)
+            causal = self.decode_cache.prompt  # a later token attends to every earlier one
         replicated = getattr(self.k_proj, "query_to_kv", None)  # tp does not divide the kv heads
         if replicated is None:  # each group of `groups` query heads shares one kv head: sdpa repeats none
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                                enable_gqa=self.groups > 1)
         else:
             index = torch.tensor(replicated, device=k.device)
             k, v = (t.index_select(1, index) for t in (k, v))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

@@ -72,6 +72,9 @@ class ZeroThree:
     """The data-parallel group the parameters are partitioned over."""
     dtype: torch.dtype
     """The parameters' dtype in the engine (fp32, bf16 or fp16)."""
+    mpu: object = None
+    """The layout's grid: deepspeed.zero.Init checks the config's batch against its data-parallel
+    size (without it, against the whole world: tp > 1 failed DeepSpeed's batch assertion)."""
 
 
 def _units(module: nn.Module, prefix: str = ""):
@@ -130,7 +133,7 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
                 p.data = p.data.to(zero3.dtype)
         if any(not is_zero3(p) for p in unit.parameters()):
             deepspeed.zero.Init(module=unit, config_dict_or_path=zero3.config, data_parallel_group=zero3.group,
-                                dtype=zero3.dtype)
+                                dtype=zero3.dtype, mpu=zero3.mpu)
     if sequence_parallel and tp_group is not None:
         sum_sequence_parallel_norm_grads(module, tp_group, norms=rules.sequence_parallel_norms)
 

@@ -68,6 +68,20 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, tp_
     return _VocabParallelCrossEntropy.apply(logits, target, tp_group, ignore_index)
 
 
+@torch.no_grad()
+def vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
+    """The full vocabulary's argmax (shape of `logits` without its last dimension) of this
+    rank's shard (..., V/tp), the lowest id among equal maxima as torch.argmax gives it: two
+    all-reduces of one value per token, no vocabulary gathered."""
+    if tp_group is None:
+        return logits.argmax(-1)
+    local_max, local_arg = logits.float().max(dim=-1)
+    best = all_reduce(local_max, tp_group, "max")
+    start = group_rank(tp_group) * logits.shape[-1]
+    candidate = torch.where(local_max == best, local_arg + start, torch.iinfo(torch.int64).max)
+    return -all_reduce(-candidate, tp_group, "max")  # the lowest candidate
+
+
 class TokenLoss:
     """Mean per-token loss of (possibly vocab-sharded) logits; -100 targets are ignored."""
 

@@ -104,6 +104,8 @@ OUTSIDE = {
     "trainer.profile.start": ("-1", "must be >= 0 (the first profiled step, counted from 1; 0: no profiling)"),
     "trainer.profile.steps": ("0", "must be positive"),
     "trainer.sample_tokens": ("-1", "must be >= 0"),
+    "trainer.sample_temperature": ("-0.5", "must be >= 0"),
+    "trainer.sample_top_k": ("-1", "must be >= 0"),
     "trainer.max_nonfinite_steps": ("0", "must be positive"),
     "checkpoint.every": ("-5", "must be >= 0"),
     "checkpoint.keep": ("0", "must be positive"),

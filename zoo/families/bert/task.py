@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Dict
 
 import numpy as np
-import torch
-import torch.nn as nn
 
 from data_pipelines.schedule import micro_batch_start
 from zoo.engine import micro_batching
@@ -170,23 +168,22 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
             self._most_frequent = int(counts.argmax())
         return self._most_frequent
 
-    @torch.no_grad()
-    def final_metrics(self, model: nn.Module, eval_loss: float) -> Dict[str, object]:
-        """Masked-token accuracy on the held-out samples the trainer evaluated, the accuracy of
-        always predicting the most frequent training token there, and the padding efficiency."""
+    def final_metrics(self, eval_loss: float, scores: Dict[str, int], sample=None) -> Dict[str, object]:
+        """Masked-token accuracy on the held-out samples the trainer evaluated (counted by the
+        evaluation on the distributed model), the accuracy of always predicting the most
+        frequent training token on the same targets, and what reading made and skipped."""
         micro, count = self._micro_and_dp()[0], self.eval_samples()
         most_frequent = self._most_frequent_token()
-        correct = baseline = total = 0
-        for start in range(0, count, micro):
-            inputs, labels = self.collate("eval", np.arange(start, min(start + micro, count)))
+        baseline = total = 0
+        for start in range(0, count, micro):  # the labels alone: no model
+            _, labels = self.collate("eval", np.arange(start, min(start + micro, count)))
             selected = labels != -100
-            predicted = model(inputs).argmax(-1)
-            correct += int((predicted == labels)[selected].sum())
             baseline += int((labels[selected] == most_frequent).sum())
             total += int(selected.sum())
         out: Dict[str, object] = {}  # padding_efficiency: the monitor's summary has it
-        if total:
-            out.update(eval_accuracy=correct / total, baseline_accuracy=baseline / total, eval_masked_tokens=total,
+        if total and scores.get("counted"):
+            out.update(eval_accuracy=scores["correct"] / scores["counted"], baseline_accuracy=baseline / total,
+                       eval_masked_tokens=scores["counted"],
                        baseline_token=self.tokenizer.convert_ids_to_tokens(most_frequent))
         # What reading skipped or repaired, counted (nothing is dropped silently), and the samples made.
         out["data"] = {**self.data_counts, **{k: self.samples.meta[k] for k in ("documents", "sentences", "samples",
