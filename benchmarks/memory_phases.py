@@ -10,7 +10,8 @@ its peak rise over the memory it held when the phase began, as a multiple of its
 moments) and against the largest tensor's fp32 bytes: build (model and engine), steps,
 save (the sharded checkpoint), resume on the same layout, resume under another layout (the
 next layout in the list reads this one's checkpoint), save_final (the final weights, streamed
-to rank 0 tensor by tensor), and the time of save (the median of three synchronous saves, each
+to rank 0 tensor by tensor), sample (the end-of-run sample, 16 prompt tokens and 32 greedy
+ones, decoded on the distributed model in place with a decode cache), and the time of save (the median of three synchronous saves, each
 its slowest rank, also per byte of the largest rank's shard) and load; and an asynchronous save: the
 step's stall (staging the shard in host memory; the median of three saves) against the
 synchronous save's time, and
@@ -149,6 +150,7 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
                 engine.step()
 
     _, step_rise, _ = sampler.phase(steps)
+    steps_peak = sampler.peak  # the absolute peak of the steps: what the sample is held against
     share = 0
     largest = 0
     for p in {id(p): p for p in engine.module.parameters()}.values():
@@ -228,6 +230,15 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     dist.barrier()
     _, row["save_final"], _ = sampler.phase(final)
     row["save_final_split"] = sampler.split
+    from zoo.parallel.generate import InPlaceDecoder, Sampling, sample_in_place
+
+    decoder = InPlaceDecoder(engine.module, grid, layout, torch.device("cpu"), sequence_parallel=False,
+                             document_mask=False)
+    want = Sampling(prompt=list(range(1, 17)), max_new_tokens=32, block_size=shape.block_size, temperature=0)
+    dist.barrier()
+    _, row["sample"], row["sample_s"] = sampler.phase(lambda: sample_in_place(decoder, want))
+    row["sample_split"] = sampler.split
+    row["sample_over_steps"] = max(0, sampler.peak - steps_peak)  # #50's target: against the steady step
     hf = root / "hf"
     if rank == 0:  # the export: one process, the whole model tensor by tensor
         from zoo.export import export
@@ -292,7 +303,8 @@ def main(argv=None) -> None:
     print(f"GPT {args.layers}L d{args.embd} vocab {args.vocab}, 4 ranks; rise of each rank's peak RSS in a phase as "
           f"a multiple of its share (params x 4 B + optimizer partition x 12 B); target <= max(0.25, largest "
           f"tensor / share)")
-    phases = ["build", "steps", "save", "async_save", "resume_same", "resume_other", "save_final", "hf_import"]
+    phases = ["build", "steps", "save", "async_save", "resume_same", "resume_other", "save_final", "sample",
+              "hf_import"]
     print(f"{'layout':10} {'rank':>4} {'share MiB':>9} {'bound':>6} " + " ".join(f"{p:>12}" for p in phases)
           + f" {'save s':>7} {'load s':>7}")
     worst = {}
@@ -312,7 +324,7 @@ def main(argv=None) -> None:
         params = params or r
     print("(* above the bound)")
     for r in rows:
-        for p in ("save", "resume_same", "resume_other", "save_final", "async_save", "hf_import"):
+        for p in ("save", "resume_same", "resume_other", "save_final", "sample", "async_save", "hf_import"):
             if p + "_split" not in r:
                 continue
             if p in r and r[p] / r["share"] > max(0.25, r["largest"] / r["share"]):
@@ -356,6 +368,9 @@ def main(argv=None) -> None:
                   f"{r['export'] / r['full_bytes']:.2f}x the full weights ({r['full_bytes'] / 2**20:.0f} MiB), "
                   f"{r['export'] / r['largest']:.2f}x the largest tensor")
     print("transitions over the bound: " + (", ".join(f"{a} {b}" for a, b in over) if over else "none"))
+    print("the end-of-run sample's peak above the steps' peak, x the share (target <= 0.25): " + ", ".join(
+        f"{name} {max(r['sample_over_steps'] / r['share'] for r in rows if r['layout'] == name):.2f}"
+        for name in args.only))
 
 
 if __name__ == "__main__":

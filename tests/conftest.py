@@ -17,6 +17,8 @@ TIERS = {"e2e": "e2e", "slurm": "slurm"}  # folder under tests/ -> marker
 # command (and CI) leaves them out, `python -m pytest -q -m slow` runs them. Each has a
 # faster sibling in the default set that covers the same code path.
 SLOW = {
+    "tests/e2e/test_real_size.py::test_the_real_size_phases_at_a_small_shape": "the benchmark's phases, small; "
+    "their parts (the in-place sample, resume onto another layout, export) stay in the default tier",
     "tests/e2e/test_cli.py::test_main_job_trains_and_generates": "the 200-step default job; every family and "
     "layout trains and generates in test_families/test_experiments",
     "tests/e2e/test_llama.py::test_layout_matches_one_process_over_10_steps[3d]": "GPT's 3d exactness stays",

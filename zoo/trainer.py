@@ -84,6 +84,7 @@ class Trainer:
         self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
         self.stopped_early = None  # the step early stopping ended the run at
         self.last_eval = None  # the latest evaluation's record
+        self.training_peak = 0  # this rank's peak memory when the training loop ended
         self.eval_scores: dict = {}  # the latest evaluation's tally (the task's eval_tally), summed
         self.resumed_from = self._resume(found) if found is not None else None
         if self.resumed_from is not None and self.step >= cfg.trainer.max_steps:  # nothing written yet
@@ -401,6 +402,7 @@ class Trainer:
                 self._say_early_stop()
                 break
         self._write_records()  # trainer.max_steps=0 (convert, evaluate): no step wrote them
+        self.training_peak = peak_memory_bytes(self.device)
         self._end_training(clock)
         last = self.last_eval  # this step's evaluation (the last step's, or early stopping's), else one now
         eval_loss = last["eval_loss"] if last is not None and last["step"] == self.step else self.evaluate()
@@ -530,9 +532,9 @@ class Trainer:
         steps = self.step - clock.first_step
         tokens_per_step = t.global_batch_size * self.task.tokens_per_sample()
         local = sum(p.numel() for p in {id(p): p for p in self.engine.module.parameters()}.values())
-        per_rank = [None] * dist.get_world_size()  # (parameters held, peak memory) of each rank
-        dist.all_gather_object(per_rank, (local, peak_memory_bytes(self.device)))
-        peaks = [peak for _, peak in per_rank]
+        per_rank = [None] * dist.get_world_size()  # (parameters held, peak memory, at the loop's end) of each rank
+        dist.all_gather_object(per_rank, (local, peak_memory_bytes(self.device), self.training_peak))
+        peaks = [peak for _, peak, _ in per_rank]
         top = max(range(len(peaks)), key=peaks.__getitem__)
         return {
             "final_loss": clock.loss, **({} if eval_loss is None else {"eval_loss": eval_loss,
@@ -541,7 +543,7 @@ class Trainer:
             **extras, "tokens_per_s": tokens_per_step * steps / clock.train_time if clock.train_time else 0.0,
             "steps": self.step, "steps_run": steps, "world_size": self.layout.world_size, "tp": self.layout.tp,
             "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
-            "params": self.task.num_params(), "params_per_rank": [n for n, _ in per_rank],
+            "params": self.task.num_params(), "params_per_rank": [n for n, _, _ in per_rank],
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
             **({"best_eval_loss": self.eval_state["best"], "best_eval_step": self.eval_state["best_step"]}
@@ -549,6 +551,9 @@ class Trainer:
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
             # the largest rank's, which rank, and every rank's: memory is planned from the largest
             "peak_mem_bytes": peaks[top], "peak_mem_rank": top, "peak_mem_bytes_per_rank": peaks,
+            # the same at the end of the training loop: what the end (the last checkpoint, the
+            # final weights, evaluation, the sample) added is the difference
+            "peak_mem_bytes_per_rank_training": [at_end for _, _, at_end in per_rank],
             **({"peak_mem_share": peaks[top] / self.monitor.device_memory} if steps else {}),
             "wall_time_s": time.perf_counter() - clock.started,
             **({"checkpoint_stall_s": self.stall_s} if self.cfg.checkpoint.async_save else {}),

@@ -1,16 +1,19 @@
 """Layout-independent initialisation.
 
-Every parameter's full (unsharded) value is a pure function of (seed, parameter name):
-the full tensor is generated in blocks of rows along dim 0, each block from its own
-generator seeded by (seed, name, block index). A tensor-parallel shard generates only the
-blocks it needs (or, for a shard along dim 1, each block in turn and keeps its columns),
-so it equals the matching slice of the tp=1 tensor exactly while the full tensor is never
-held in memory. Same seed, same full weights, whatever the layout.
+Every parameter's full (unsharded) value is a pure function of (seed, parameter name): the
+full tensor is generated in tiles of ROWS_PER_BLOCK rows along dim 0 by COLS_PER_TILE columns
+along dim 1 (a 1-D tensor: blocks of rows), each tile from its own generator seeded by (seed,
+name, row block, column tile). A tensor-parallel shard generates only the tiles it overlaps,
+along dim 0 (column-parallel weights, vocabulary shards) and along dim 1 (row-parallel
+weights) alike, so it equals the matching slice of the tp=1 tensor exactly, the full tensor
+is never held, and a rank's work is its share plus at most a tile's width at each edge
+(before, a dim-1 shard drew every column of the full tensor and kept 1/tp of them: its work
+grew with tp). Same seed, same full weights, whatever the layout.
 """
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -18,23 +21,35 @@ import torch.nn as nn
 from zoo.parallel.sharding import ShardSpec, shard_rows
 
 ROWS_PER_BLOCK = 64
+COLS_PER_TILE = 256
 
 
-def _block_seed(seed: int, name: str, block: int) -> int:
-    digest = hashlib.sha256(f"{seed}/{name}/{block}".encode()).digest()
+def _tile_seed(seed: int, name: str, block: int, tile: int) -> int:
+    digest = hashlib.sha256(f"{seed}/{name}/{block}/{tile}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _normal_rows(seed: int, name: str, start: int, stop: int, row_shape, std: float) -> torch.Tensor:
-    """Rows [start, stop) of the full N(0, std) tensor named `name`."""
+def _normal_region(seed: int, name: str, rows: Tuple[int, int], cols: Optional[Tuple[int, int]], full: tuple,
+                   std: float) -> torch.Tensor:
+    """Rows [rows) and columns [cols) (None: a 1-D tensor) of the full N(0, std) tensor `name`."""
     out = []
-    first, last = start // ROWS_PER_BLOCK, (stop - 1) // ROWS_PER_BLOCK
-    for b in range(first, last + 1):
-        g = torch.Generator().manual_seed(_block_seed(seed, name, b))
-        block = torch.randn(ROWS_PER_BLOCK, *row_shape, generator=g) * std
+    start, stop = rows
+    for b in range(start // ROWS_PER_BLOCK, (stop - 1) // ROWS_PER_BLOCK + 1):
         lo = max(start, b * ROWS_PER_BLOCK) - b * ROWS_PER_BLOCK
         hi = min(stop, (b + 1) * ROWS_PER_BLOCK) - b * ROWS_PER_BLOCK
-        out.append(block[lo:hi])
+        if cols is None:
+            g = torch.Generator().manual_seed(_tile_seed(seed, name, b, 0))
+            out.append((torch.randn(ROWS_PER_BLOCK, generator=g) * std)[lo:hi])
+            continue
+        tiles: List[torch.Tensor] = []
+        for t in range(cols[0] // COLS_PER_TILE, (cols[1] - 1) // COLS_PER_TILE + 1):
+            width = min(COLS_PER_TILE, full[1] - t * COLS_PER_TILE)
+            g = torch.Generator().manual_seed(_tile_seed(seed, name, b, t))
+            tile = torch.randn(ROWS_PER_BLOCK, width, *full[2:], generator=g) * std
+            a = max(cols[0], t * COLS_PER_TILE) - t * COLS_PER_TILE
+            z = min(cols[1], t * COLS_PER_TILE + width) - t * COLS_PER_TILE
+            tiles.append(tile[lo:hi, a:z])
+        out.append(torch.cat(tiles, dim=1))
     return torch.cat(out)
 
 
@@ -47,19 +62,20 @@ def full_shape_of(param: torch.Tensor) -> tuple:
 
 
 def normal_param(param: torch.Tensor, name: str, seed: int, std: float) -> torch.Tensor:
-    """The value of `param` (a shard or a whole tensor) under the layout-free N(0, std) init."""
+    """The value of `param` (a shard or a whole tensor) under the layout-free N(0, std) init:
+    only the tiles the shard overlaps are drawn."""
     spec: Optional[ShardSpec] = getattr(param, "tp_shard", None)
     full = full_shape_of(param)
+    every_col = None if len(full) == 1 else (0, full[1])
     if spec is None:
-        return _normal_rows(seed, name, 0, full[0], full[1:], std)
+        return _normal_region(seed, name, (0, full[0]), every_col, full, std)
     if spec.dim == 0:
-        return torch.cat([_normal_rows(seed, name, a, b, full[1:], std) for a, b in shard_rows(spec, full[0])])
-    cols = shard_rows(spec, full[spec.dim])
-    pieces = []
-    for start in range(0, full[0], ROWS_PER_BLOCK):
-        rows = _normal_rows(seed, name, start, min(full[0], start + ROWS_PER_BLOCK), full[1:], std)
-        pieces.append(torch.cat([rows.narrow(spec.dim, a, b - a) for a, b in cols], dim=spec.dim))
-    return torch.cat(pieces)
+        return torch.cat([_normal_region(seed, name, (a, b), every_col, full, std)
+                          for a, b in shard_rows(spec, full[0])])
+    if spec.dim != 1:
+        raise ValueError(f"{name}: a shard along dim {spec.dim} has no layout-free init (dims 0 and 1 have)")
+    return torch.cat([_normal_region(seed, name, (0, full[0]), (a, b), full, std)
+                      for a, b in shard_rows(spec, full[1])], dim=1)
 
 
 @torch.no_grad()

@@ -49,7 +49,8 @@ def test_init_is_a_function_of_seed_and_name():
     assert a["h.1.mlp.c_proj.weight"].std().item() < 0.02 / 2  # residual projections scaled by 1/sqrt(2L)
 
 
-@pytest.mark.parametrize("full_shape, dim, chunks", [((300, 24), 0, 1), ((96, 40), 0, 3), ((24, 200), 1, 1)])
+@pytest.mark.parametrize("full_shape, dim, chunks", [((300, 24), 0, 1), ((96, 40), 0, 3), ((24, 200), 1, 1),
+                                                     ((70, 1408), 1, 1), ((260, 600), 0, 1), ((520,), 0, 1)])
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_shard_is_exactly_the_slice_of_the_full_init(full_shape, dim, chunks, world):
     name = "h.0.attn.c_attn.weight"
@@ -59,6 +60,31 @@ def test_a_shard_is_exactly_the_slice_of_the_full_init(full_shape, dim, chunks, 
         shard = torch.empty(shard_tensor(full, spec).shape)
         shard.tp_shard = spec
         assert torch.equal(normal_param(shard, name, seed=7, std=0.02), shard_tensor(full, spec))
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_a_row_parallel_shard_draws_its_share_not_the_whole_tensor(monkeypatch, world):
+    """A shard along dim 1 (o_proj, down_proj, c_proj under tp) draws the tiles it overlaps:
+    its share plus at most a tile's width at each edge. It drew the whole tensor before."""
+    import zoo.models.init as init
+
+    drawn = []
+    real = torch.randn
+
+    def counted(*size, **kw):
+        out = real(*size, **kw)
+        drawn.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch, "randn", counted)
+    full_shape = (512, 5632)  # TinyLlama's down_proj, 512 rows of it
+    for rank in range(world):
+        spec = ShardSpec(dim=1, rank=rank, world=world)
+        shard = torch.empty(full_shape[0], full_shape[1] // world)
+        shard.tp_shard = spec
+        drawn.clear()
+        normal_param(shard, "model.layers.0.mlp.down_proj.weight", seed=1, std=0.02)
+        assert shard.numel() <= sum(drawn) <= shard.numel() + 2 * full_shape[0] * init.COLS_PER_TILE
 
 
 def test_init_std_policy():
