@@ -47,7 +47,7 @@ def _zoo(args, run_dir: Path, *overrides: str, log: Path) -> dict:
     took = time.perf_counter() - t0
     log.write_text(proc.stdout + "\n--- stderr\n" + proc.stderr)
     if proc.returncode != 0:
-        tail = [line for line in proc.stdout.splitlines() if line.startswith("zoo:")][-3:]
+        tail = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("zoo:")][-3:]
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode} after {took:.0f} s:\n" + "\n".join(tail)
                          + f"\n(the whole output: {log})")
     summary = json.loads((run_dir / "summary.json").read_text())

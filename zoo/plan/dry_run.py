@@ -96,7 +96,8 @@ def dry_run_lines(cfg: Config, layout, spec, device_mem_bytes: float, device: st
         lines.append(f"memory: the planner does not describe model.family={cfg.model.family} (its shape comes from "
                      f"the data); a few steps show the peak (summary.json: peak_mem_bytes)")
     else:
-        parts = ", ".join(f"{k} {_bytes(mem[k])}" for k in ("params", "grads", "optimizer", "activations", "buffers"))
+        parts = ", ".join(f"{k} {_bytes(mem[k])}" for k in ("params", "grads", "optimizer", "activations", "buffers",
+                                                              "engine", "runtime"))
         lines.append(f"memory: {cfg.model.label}, {mem['num_params']:,} parameters: predicted "
                      f"{_bytes(mem['total'])} per device ({parts}) against {_bytes(mem['limit'])} usable of the "
                      f"{_bytes(device_mem_bytes)} {device} ({mem['limit'] / device_mem_bytes:.0%}): "

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 GPT2_VOCAB = 50257
 
 
-def machine_costs() -> Tuple[float, bool]:
-    """(a rank's runtime bytes, resident_on_write) of this machine's cluster preset, the ones
+def machine_costs() -> Tuple[float, bool, list]:
+    """(a rank's runtime bytes, resident_on_write, engine_bytes_per_param) of this machine's cluster preset, the ones
     parallel=auto plans with: the cpu preset's (measured here) on CPU, the h200 preset's on
     CUDA. A named layout's estimate (the dry run, the over-memory refusal, the out-of-memory
     line) counts them too: without them it charged a CPU rank DeepSpeed's whole 2 GB reduce
@@ -33,21 +33,22 @@ def machine_costs() -> Tuple[float, bool]:
 
     preset = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "cluster" /
                             ("h200.yaml" if torch.cuda.is_available() else "cpu.yaml"))
-    return float(preset.get("runtime_gb", 0.0)) * 1e9, bool(preset.get("resident_on_write", False))
+    engine = OmegaConf.to_object(preset.engine_bytes_per_param) if "engine_bytes_per_param" in preset else []
+    return float(preset.get("runtime_gb", 0.0)) * 1e9, bool(preset.get("resident_on_write", False)), engine
 
 
 def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype: str, device_mem_bytes: float, *,
                 grad_accum: int = 1, sequence_parallel: bool = False, vocab_size: int = GPT2_VOCAB,
                 mem_fraction: float = 0.8, bucket_elems: int = 500_000_000,
                 document_mask: bool = False, runtime_bytes: float = 0.0,
-                resident_on_write: bool = False) -> Tuple[bool, Dict[str, int]]:
+                resident_on_write: bool = False, engine_bytes_per_param=()) -> Tuple[bool, Dict[str, int]]:
     """(fits, bytes per device) of training `model_cfg` with `layout` and this micro-batch.
 
     `fits` is total <= mem_fraction * device_mem_bytes. The dict has params, grads, optimizer,
     activations, buffers, total and limit (the usable bytes), and num_params (the model's count). `grad_accum` is the pipeline's
     micro-batches (how many are in flight); `vocab_size` the tokenizer's, padded as training pads it;
     `document_mask`: data.document_mask's attention mask counted (one per micro-batch in flight);
-    `runtime_bytes` and `resident_on_write`: the machine's (machine_costs()).
+    `runtime_bytes`, `resident_on_write` and `engine_bytes_per_param`: the machine's (machine_costs()).
     """
     if device_mem_bytes <= 0:
         raise ValueError(f"device_mem_bytes={device_mem_bytes} must be positive: the memory of one device")
@@ -58,7 +59,8 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
                      micro_batch_size=micro_batch, grad_accum=grad_accum,
                      activation_checkpointing=model_cfg.activation_checkpointing)
     mem = layout_memory(desc, lay, dtype=dtype, sequence_parallel=sequence_parallel, bucket_elems=bucket_elems,
-                        document_mask=document_mask, runtime_bytes=runtime_bytes, resident_on_write=resident_on_write)
+                        document_mask=document_mask, runtime_bytes=runtime_bytes, resident_on_write=resident_on_write,
+                        engine_bytes_per_param=engine_bytes_per_param)
     limit = mem_fraction * device_mem_bytes
     return mem.total <= limit, {**mem.as_dict(), "limit": int(limit), "num_params": desc.num_params}
 
@@ -81,12 +83,12 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
         meta = hf_meta(model.init_from, family(model.family), model.vocab_pad_multiple)  # padded as imported
         keys = {f.name for f in dataclasses.fields(model)}
         model, vocab_size = dataclasses.replace(model, **{k: v for k, v in meta.items() if k in keys}), meta["vocab_size"]
-    runtime, resident_on_write = machine_costs()
+    runtime, resident_on_write, engine = machine_costs()
     fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction,
                             document_mask=cfg.data.document_mask, runtime_bytes=runtime,
-                            resident_on_write=resident_on_write)
+                            resident_on_write=resident_on_write, engine_bytes_per_param=engine)
     return fits, mem, micro, accum
 
 
@@ -97,7 +99,8 @@ def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_s
                                          mem_fraction=mem_fraction)
     if fits:
         return None
-    parts = ", ".join(f"{k} {mem[k] / 1e9:.1f}" for k in ("params", "grads", "optimizer", "activations", "buffers"))
+    parts = ", ".join(f"{k} {mem[k] / 1e9:.1f}" for k in ("params", "grads", "optimizer", "activations", "buffers",
+                                                         "engine", "runtime"))
     return (f"predicted {mem['total'] / 1e9:.1f} GB per device ({parts}) is more than {mem_fraction:.0%} of the "
             f"{device_mem_bytes / 1e9:.1f} GB device ({mem['limit'] / 1e9:.1f} GB) for layout {layout.name} with "
             f"micro-batch {micro} x {accum}, precision={cfg.precision.dtype}, "

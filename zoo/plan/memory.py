@@ -31,7 +31,7 @@ optimizer states, what it writes) to host memory.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from zoo.plan.layout import PlanLayout, stage_layer_counts
 from zoo.plan.model_desc import ModelDesc, Piece
@@ -54,10 +54,16 @@ class MemoryEstimate:
     """Communication buffers (reduce bucket, gathered ZeRO-3 parameters, pipeline receives)."""
     runtime: float = 0
     """What a rank takes before any model (the cluster's runtime_gb): on CPU the resident runtime."""
+    engine: float = 0
+    """What the engine's step holds beyond the states and buffers above (DeepSpeed's flat gradient
+    partitions and their fp32 copies, gradients before their reduce-scatter, the allocator): the
+    cluster's measured engine_bytes_per_param (a + b / dp bytes a parameter of the rank's share,
+    by ZeRO stage; benchmarks/step_memory.py), 0 where not measured."""
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers + self.runtime
+        return (self.params + self.grads + self.optimizer + self.activations + self.buffers + self.runtime
+                + self.engine)
 
     def as_dict(self) -> Dict[str, int]:
         out = {k: int(round(v)) for k, v in asdict(self).items()}
@@ -101,11 +107,14 @@ def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
 
 
 def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, sequence_parallel: bool,
-                 bucket_elems: int, resident_on_write: bool = False, document_mask: bool = False) -> MemoryEstimate:
+                 bucket_elems: int, resident_on_write: bool = False, document_mask: bool = False,
+                 engine_bytes_per_param: Sequence[Sequence[float]] = ()) -> MemoryEstimate:
     """Bytes on one accelerator of pipeline stage `stage`; `resident_on_write`: memory counts
     where written (host memory), so the reduce bucket holds at most the stage's gradients;
     `document_mask`: a stage with layers keeps one (B, 1, T, T) attention mask in the dtype
-    per micro-batch in flight (zoo.models.documents.attention_mask), not split by tp or sp."""
+    per micro-batch in flight (zoo.models.documents.attention_mask), not split by tp or sp;
+    `engine_bytes_per_param`: (a, b) for ZeRO stages 0-3, the engine's measured working set of
+    a + b / dp bytes a parameter of the stage's tp share (MemoryEstimate.engine)."""
     elt, tp = DTYPE_BYTES[dtype], lay.tp
     sp = sequence_parallel and tp > 1
     pieces = stage_pieces(desc, lay.pp, stage)
@@ -135,20 +144,26 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
         buffers += 2 * max(p.params.per_rank(tp) for p in layers) * elt
     if lay.pp > 1:  # receive buffers for the activation (forward) and its gradient (backward)
         buffers += 2 * tokens * desc.hidden_size * elt / (tp if sp else 1)
+    engine = 0.0
+    if lay.zero_stage < len(engine_bytes_per_param):
+        a, b = engine_bytes_per_param[lay.zero_stage]
+        engine = (a + b / lay.dp) * n
     return MemoryEstimate(params=states.params, grads=states.grads, optimizer=states.optimizer,
-                          activations=activations, buffers=buffers)
+                          activations=activations, buffers=buffers, engine=engine)
 
 
 def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_parallel: bool = True,
                   bucket_elems: int = 500_000_000, runtime_bytes: float = 0.0,
-                  resident_on_write: bool = False, document_mask: bool = False) -> MemoryEstimate:
+                  resident_on_write: bool = False, document_mask: bool = False,
+                  engine_bytes_per_param: Sequence[Sequence[float]] = ()) -> MemoryEstimate:
     """The heaviest accelerator of the layout: the first pipeline stage (most micro-batches in
     flight, the embedding) or the last (the output layer and its logits); with `runtime_bytes`
     (a rank's memory before any model) added."""
     stages = {0, lay.pp - 1}
     heaviest = max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
                                  bucket_elems=bucket_elems, resident_on_write=resident_on_write,
-                                 document_mask=document_mask) for s in stages),
+                                 document_mask=document_mask, engine_bytes_per_param=engine_bytes_per_param)
+                    for s in stages),
                    key=lambda m: m.total)
     return replace(heaviest, runtime=runtime_bytes)
 

@@ -58,7 +58,8 @@ def estimate(desc: ModelDesc, layout: PlanLayout, cluster: ClusterConfig, *, dty
     plan = plan or PlanConfig()
     mem = layout_memory(desc, layout, dtype=dtype, sequence_parallel=plan.sequence_parallel,
                         bucket_elems=plan.zero_bucket_elems, runtime_bytes=cluster.runtime_gb * GB,
-                        resident_on_write=cluster.resident_on_write, document_mask=plan.document_mask)
+                        resident_on_write=cluster.resident_on_write, document_mask=plan.document_mask,
+                        engine_bytes_per_param=cluster.engine_bytes_per_param)
     time = step_time(desc, layout, cluster, dtype=dtype, sequence_parallel=plan.sequence_parallel)
     tokens = layout.dp * layout.micro_batch_size * layout.grad_accum * desc.tokens_per_sample
     return Candidate(layout=layout, mem=mem, time=time, fits=mem.total <= plan.mem_fraction * cluster.gpu_mem_gb * GB,

@@ -67,6 +67,12 @@ class ClusterConfig:
     layer_overhead_ms: float = 0.0
     """The same per layer and micro-batch (operator dispatch and kernel launches, the latency
     of the layer's tensor-parallel collectives); a recomputed forward adds a third of it."""
+    engine_bytes_per_param: List[List[float]] = field(default_factory=lambda: [[0.0, 0.0]] * 4)
+    """What the engine's step holds beyond the model states, the buffers and the activations,
+    bytes a parameter of a rank's tp/pp share, for ZeRO stages 0-3: [a, b] is a + b / dp
+    (DeepSpeed's flat gradient partitions and their fp32 copies, gradients before their
+    reduce-scatter, the allocator). Measured by benchmarks/step_memory.py; 0 unless a preset
+    sets it (the cpu preset's is measured; not measured on a GPU yet)."""
     measured: Optional[str] = None
     """Where and when runtime_gb and the two overheads were measured (the date and the device,
     e.g. `2026-12-05, the 2-core CPU machine`); None: not measured, so they are 0 and the plan

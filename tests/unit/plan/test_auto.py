@@ -143,3 +143,27 @@ def test_on_cuda_the_plan_says_the_gpu_presets_fixed_costs_are_unmeasured():
     assert len(lines) == 3 and lines[2] == ("parallel=auto: cluster 4 rank(s) here: runtime memory and fixed overheads "
                                             "unmeasured, left out (0): benchmarks/gpu_check")
     assert len(_plan("trainer.global_batch_size=16")[1]) == 2
+
+
+def test_a_named_layout_is_estimated_as_parallel_auto_estimates_it(monkeypatch):
+    """The dry run, the over-memory refusal and the out-of-memory line (zoo.plan.fit.run_memory)
+    count the machine's preset as parallel=auto does: the same bytes for the same layout. They
+    charged a CPU rank DeepSpeed's whole 2 GB reduce bucket and left out its runtime and the
+    engine's measured working set before."""
+    import re
+
+    import torch
+
+    from zoo.parallel.topology import Layout
+    from zoo.plan.fit import run_memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    keys = ("parallel.tp=2", "parallel.pp=1", "parallel.zero_stage=0", "trainer.micro_batch_size=2",
+            "model.activation_checkpointing=false", "parallel.sequence_parallel=false", "trainer.global_batch_size=8")
+    cfg, lines = _plan(*keys, world=2, per_node=2)
+    planned = float(re.search(r": ([0-9.]+) GB a rank", lines[0]).group(1))
+    layout = Layout(tp=cfg.parallel.tp, pp=cfg.parallel.pp, dp=cfg.parallel.dp, zero_stage=cfg.parallel.zero_stage)
+    assert (layout.tp, layout.dp, layout.zero_stage) == (2, 1, 0)
+    _, mem, _, _ = run_memory(cfg, layout, 8 * GB, vocab_size=4096)
+    assert mem["total"] / GB == pytest.approx(planned, abs=0.006)
+    assert mem["runtime"] > 0 and mem["engine"] > 0

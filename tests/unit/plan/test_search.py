@@ -102,9 +102,9 @@ def test_a_fixed_cost_per_micro_batch_and_layer_makes_small_micro_batches_slower
 def test_predict_fit():
     tiny = ModelConfig(family="gpt", size="tiny")
     fits, mem = predict_fit(tiny, Layout(tp=1, pp=1, dp=2), micro_batch=8, dtype="fp32", device_mem_bytes=80e9)
-    assert fits and set(mem) == {"params", "grads", "optimizer", "activations", "buffers", "runtime", "total", "limit",
-                                 "num_params"}
-    assert mem["runtime"] == 0  # predict_fit knows no cluster: the model's own bytes
+    assert fits and set(mem) == {"params", "grads", "optimizer", "activations", "buffers", "runtime", "engine", "total",
+                                 "limit", "num_params"}
+    assert mem["runtime"] == mem["engine"] == 0  # given no machine's costs: the model's own bytes
     assert mem["total"] == sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "buffers"))
     big = ModelConfig(family="gpt", size="gpt3-175b")
     fits, mem = predict_fit(big, Layout(tp=1, pp=1, dp=8), micro_batch=1, dtype="bf16", device_mem_bytes=80e9)
@@ -213,3 +213,18 @@ def test_on_host_memory_the_reduce_bucket_counts_for_the_gradients_it_holds():
     assert gpu.buffers == 500_000_000 * 4
     assert host.buffers == desc.num_params * 4 == host.grads  # ZeRO-1 keeps whole fp32 gradients; the bucket holds them
     assert gpu.total - gpu.buffers == host.total - host.buffers
+
+
+def test_the_engines_working_set_is_a_plus_b_over_dp_bytes_a_parameter():
+    from zoo.plan.memory import stage_memory
+
+    desc = describe_model(ModelConfig(family="llama", size="tiny"), 4096)
+    measured = [[4.0, 0.0], [1.0, 6.0], [6.0, 0.0], [9.0, 0.0]]
+    for zero, dp, per_param in [(0, 1, 4.0), (1, 1, 7.0), (1, 4, 2.5), (2, 2, 6.0), (3, 4, 9.0)]:
+        lay = PlanLayout(tp=1, pp=1, dp=dp, zero_stage=zero, micro_batch_size=1, grad_accum=1,
+                         activation_checkpointing=False)
+        args = dict(dtype="fp32", sequence_parallel=False, bucket_elems=500_000_000)
+        without = stage_memory(desc, lay, 0, **args)
+        mem = stage_memory(desc, lay, 0, engine_bytes_per_param=measured, **args)
+        assert without.engine == 0 and mem.engine == pytest.approx(per_param * desc.num_params)
+        assert mem.total == pytest.approx(without.total + mem.engine)
