@@ -88,7 +88,9 @@ class Sampler:
         return out, self.peak - sum(base_parts), took
 
 
-def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: str, read_from: str, out: str) -> None:
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """This spawned process as gloo rank `rank` of `world` on 127.0.0.1:`port`, one thread
+    (the bootstrap benchmarks/step_memory.py shares)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     import torch
@@ -101,6 +103,11 @@ def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: st
     lean_start.skip_shm_comm_op()
     lean_start.skip_muon_import({})
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+
+
+def _rank(rank: int, world: int, port: int, args, layout_name: str, ckpt_dir: str, read_from: str, out: str) -> None:
+    join_gloo(rank, world, port)
+    import torch
     import torch.distributed as dist
 
     from zoo import checkpoint

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import tempfile
@@ -46,18 +45,11 @@ def _status(key: str) -> int:
 
 
 def _rank(rank: int, world: int, port: int, name: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from memory_phases import join_gloo
+
+    join_gloo(rank, world, port)
     import torch
-
-    torch.set_num_threads(1)
-    import deepspeed
-
-    from zoo.engine import lean_start
-
-    lean_start.skip_shm_comm_op()
-    lean_start.skip_muon_import({})
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     import torch.distributed as dist
 
     from zoo.config.schema import Config, ModelConfig
