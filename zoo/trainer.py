@@ -450,7 +450,10 @@ class Trainer:
         clock.train_time += step_s
         clock.window_steps += 1
         if self.step == clock.first_step + 1:
-            self._write_records()
+            with self.monitor.outside_step():  # rank 0 draws the topology: no step's time, on any rank
+                self._write_records()
+                if self.layout.world_size > 1:
+                    dist.barrier()
             if self.startup is not None:
                 self.startup.mark("first_step")
                 self.log.write(self.startup.line())

@@ -28,8 +28,8 @@ def export(src, out, *flags):
 def test_export_from_3d_then_transformers_logits_match(trained_3d, tmp_path, source):
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
+    from zoo.checkpoint.weights import load_plain
     from zoo.models.gpt import GPT, GPTShape
-    from zoo.trainer import load_plain
 
     src = trained_3d.run_dir if source == "run_dir" else trained_3d.run_dir / "checkpoints" / "step_0000003"
     out = export(src, tmp_path / "hf")
@@ -118,9 +118,9 @@ def test_export_errors_are_one_line(tmp_path, flags, says):
 def test_bert_export_then_transformers_logits_match(run_zoo, tmp_path):
     from transformers import AutoTokenizer, BertForMaskedLM
 
+    from zoo.checkpoint.weights import load_plain
     from zoo.models.bert import BertShape
     from zoo.parallel.build import build_model
-    from zoo.trainer import load_plain
 
     run = run_zoo("model=bert", "debug=fast", "parallel=tp", "trainer.max_steps=2", "checkpoint.every=2")
     out = export(run.run_dir, tmp_path / "bert_hf")

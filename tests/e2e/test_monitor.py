@@ -32,7 +32,9 @@ def check_sane(run, *, samples_per_step: int, tokens_per_sample: int = 128):
     windows = [b["step"] - a for a, b in zip([0] + [m["step"] for m in run.metrics], run.metrics)]
     trained = sum(w * m["step_time_s"] for w, m in zip(windows, run.metrics))
     assert trained <= s["wall_time_s"]
-    assert s["tokens_per_s"] == pytest.approx(s["steps"] * samples_per_step * tokens_per_sample / trained, rel=0.2)
+    # Within 10%: the windows hold the steps and the rules between them. Rank 0 drawing the
+    # topology after the first step was inside them (every rank waited for it): 1.20x at pp2.
+    assert s["tokens_per_s"] == pytest.approx(s["steps"] * samples_per_step * tokens_per_sample / trained, rel=0.1)
 
 
 def test_monitor_readings_on_a_pipeline(run_zoo):
