@@ -84,7 +84,7 @@ def _grids(desc: ModelDesc, cluster: ClusterConfig, plan: PlanConfig) -> Iterato
 
 def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, plan: PlanConfig) -> List[PlanLayout]:
     """Every layout to score; ValueError with the fix when the global batch allows none."""
-    out, dps = [], set()
+    out, dps, batched = [], set(), []  # batched: the grids some micro-batch takes the global batch on
     for tp, pp, dp in _grids(desc, cluster, plan):
         dps.add(dp)
         stages = [z for z in plan.zero_stages if (dp > 1 or z == 0) and (pp == 1 or z <= 1)]
@@ -92,6 +92,7 @@ def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, pla
             # zoo's pipeline runs at least pp micro-batches per step (zoo.config.validate)
             if global_batch_size % (micro * dp) or (pp > 1 and global_batch_size // (micro * dp) < pp):
                 continue
+            batched.append((tp, pp, dp))
             out.extend(PlanLayout(tp=tp, pp=pp, dp=dp, zero_stage=z, micro_batch_size=micro,
                                   grad_accum=global_batch_size // (micro * dp), activation_checkpointing=ckpt)
                        for z in stages for ckpt in plan.activation_checkpointing)
@@ -100,6 +101,13 @@ def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, pla
                          f"plan.tp={plan.tp} and plan.pp={plan.pp}; tp must be among "
                          f"{tp_sizes(desc, cluster.gpus_per_node)} and pp at most {desc.n_layer}, with tp*pp "
                          f"dividing {cluster.nodes * cluster.gpus_per_node}")
+    if not out and batched:  # the batch fits some grid: the ZeRO stages allowed there are none
+        grids = ", ".join(f"tp={tp} pp={pp} dp={dp}" for tp, pp, dp in dict.fromkeys(batched))
+        raise ValueError(f"ZeRO stage(s) {list(plan.zero_stages)} admit no layout on "
+                         f"{cluster.nodes * cluster.gpus_per_node} GPUs: ZeRO partitions over data-parallel ranks "
+                         f"(stages 1-3 need dp > 1) and a pipeline takes stage 0 or 1, and the grids that take "
+                         f"this batch are {grids}; allow stage 0 (parallel.zero_stage=0, or leave the stage to the "
+                         f"plan)")
     if not out:
         raise ValueError(_no_layout_message(desc, cluster, global_batch_size, plan))
     return out

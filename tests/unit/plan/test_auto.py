@@ -167,3 +167,14 @@ def test_a_named_layout_is_estimated_as_parallel_auto_estimates_it(monkeypatch):
     _, mem, _, _ = run_memory(cfg, layout, 8 * GB, vocab_size=4096)
     assert mem["total"] / GB == pytest.approx(planned, abs=0.006)
     assert mem["runtime"] > 0 and mem["engine"] > 0
+
+
+def test_a_zero_stage_no_grid_allows_is_named_not_the_batch():
+    """parallel.zero_stage=1 kept on 2 ranks with tp=2 leaves dp=1, where ZeRO partitions
+    nothing: the line names the stage and the grid. It said the global batch of 8 admitted no
+    layout and asked for a global batch of 8 or more."""
+    with pytest.raises(ConfigError) as err:
+        _plan("parallel.tp=2", "parallel.zero_stage=1", "trainer.global_batch_size=8", world=2, per_node=2)
+    line = str(err.value)
+    assert "ZeRO stage(s) [1] admit no layout on 2 GPUs" in line and "tp=2 pp=1 dp=1" in line
+    assert "parallel.zero_stage=0" in line and "trainer.global_batch_size=8 or more" not in line
