@@ -607,8 +607,9 @@ class Trainer:
         raise SystemExit(signals.exit_code(received))
 
     def finish(self, eval_loss: float) -> dict:
-        """Write the final weights (checkpoint.save_final; collective, tensor by tensor) and
-        compute the family's metrics on rank 0, with the plain model where they need it."""
+        """Write the final weights (checkpoint.save_final; collective, tensor by tensor), decode
+        the task's sample in place (collective) and compute the family's metrics on rank 0 from
+        the last evaluation's tally and the sample."""
         if self.cfg.checkpoint.save_final:
             write_final(self.engine, self.grid, self.run_dir, self.meta)
         sample = self.sample()

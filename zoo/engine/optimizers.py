@@ -81,10 +81,10 @@ def build(block: Dict[str, Any], param_groups: List[Dict[str, Any]]) -> torch.op
             raise ValueError("zoo.engine.optimizers.build: zoo's AdamW block is torch's AdamW (torch_adam)")
         _register_with_zero()
         if "foreach" not in params:  # a raw deepspeed block may name an implementation itself
-            # torch's fused kernel: no temporary as large as the parameters (foreach's sqrt of
-            # the second moments was 4 B a parameter at the step's peak: 1.1 GB a rank of
-            # TinyLlama at tp4, the peak that OOM-killed the planner's pick) and 8x faster on
-            # this CPU (benchmarks/results: 65 ms against 515 ms for 92M parameters)
+            # torch's fused kernel: no temporary as large as the parameters (foreach's high-water
+            # was 20.9 B a parameter against fused's 16.9; ZeRO-1 at dp1 6 B a parameter less in a
+            # step, benchmarks/step_memory.py) and 7.3x faster on this CPU (93 ms against 679 ms
+            # for 92M parameters: benchmarks/adamw_impl.py, results in benchmarks/results/)
             params.setdefault("fused", True)
         return AdamW(param_groups, **params)
     if kind == "SGD":

@@ -79,7 +79,7 @@ class Task:
         return model
 
     def plain_model(self) -> nn.Module:
-        """The single-device model (CPU), for loading consolidated weights."""
+        """The single-device model (CPU): what FLOPs are counted on (on meta) and tests load full weights into."""
         return self.spec.model(self.shape)
 
     def num_params(self) -> int:

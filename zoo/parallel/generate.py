@@ -86,6 +86,8 @@ class InPlaceDecoder:
         # ZeRO-3's forward gathers each piece over dp: every replica runs it. Else replica 0 only.
         self.runs = dp_rank == 0 or layout.zero_stage == 3
         self.chooser = grid.stage_to_global(self.last_stage, data=0, model=0)
+        head = _head(module)  # a vocab-sharded head's logits are gathered over tp (found once, not per token)
+        self.gathers = self.tp_group is not None and head is not None and not getattr(head, "gather_output", True)
 
     def logits(self, tokens: torch.Tensor) -> Optional[torch.Tensor]:
         T = tokens.shape[1]
@@ -102,8 +104,7 @@ class InPlaceDecoder:
 
     def _gathered(self, last: torch.Tensor) -> torch.Tensor:
         """The vocab-sharded head's shards, in tp order (each rank's `output_start` follows)."""
-        head = _head(self.module)
-        if self.tp_group is None or head is None or getattr(head, "gather_output", True):
+        if not self.gathers:
             return last
         parts = [torch.empty_like(last) for _ in range(self.layout.tp)]
         dist.all_gather(parts, last.contiguous(), group=self.tp_group)

@@ -51,13 +51,18 @@ def world_of(parallel, launcher_world: Optional[int], launcher_per_node: Optiona
     return world, world
 
 
-def _cluster(cuda: bool, world: int, per_node: int, device_bytes: float, host_bytes: float):
-    """The planner's machines for this world: the cpu preset's speeds on CPU (this machine's
-    measured ones), the h200 preset's on CUDA, with the world's shape and memory."""
+def machine_preset(cuda: bool):
+    """This machine's cluster preset (a ClusterConfig): the cpu preset (this machine's measured
+    speeds and fixed costs) on CPU, the h200 preset on CUDA."""
     from zoo.plan.settings import ClusterConfig
 
     preset = OmegaConf.load(CLUSTERS / ("h200.yaml" if cuda else "cpu.yaml"))
-    base = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), preset))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), preset))
+
+
+def _cluster(cuda: bool, world: int, per_node: int, device_bytes: float, host_bytes: float):
+    """The planner's machines for this world: this machine's preset, with the world's shape and memory."""
+    base = machine_preset(cuda)
     return dataclasses.replace(base, name=f"{world} rank(s) here", nodes=world // per_node, gpus_per_node=per_node,
                                gpu_mem_gb=device_bytes / GB, host_mem_gb=host_bytes / GB)
 
