@@ -13,15 +13,12 @@ changed: the layout-free checkpoint continues on any layout.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from omegaconf import OmegaConf
-
 from zoo.config.schema import Config
+from zoo.plan.settings import machine_preset
 from zoo.run.errors import ConfigError
 
-CLUSTERS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 # A key given on the command line -> the planner's restriction that keeps it.
 KEPT = {"parallel.tp": "tp", "parallel.pp": "pp", "parallel.zero_stage": "zero_stages",
         "trainer.micro_batch_size": "micro_batch_sizes", "model.activation_checkpointing": "activation_checkpointing",
@@ -49,15 +46,6 @@ def world_of(parallel, launcher_world: Optional[int], launcher_per_node: Optiona
         return launcher_world, per_node if launcher_world % per_node == 0 else launcher_world
     world = parallel.world_size or cuda_devices or max(1, cpu_cores)
     return world, world
-
-
-def machine_preset(cuda: bool):
-    """This machine's cluster preset (a ClusterConfig): the cpu preset (this machine's measured
-    speeds and fixed costs) on CPU, the h200 preset on CUDA."""
-    from zoo.plan.settings import ClusterConfig
-
-    preset = OmegaConf.load(CLUSTERS / ("h200.yaml" if cuda else "cpu.yaml"))
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), preset))
 
 
 def _cluster(cuda: bool, world: int, per_node: int, device_bytes: float, host_bytes: float):

@@ -22,16 +22,16 @@ GPT2_VOCAB = 50257
 
 def machine_costs() -> Tuple[float, bool, list]:
     """(a rank's runtime bytes, resident_on_write, engine_bytes_per_param) of this machine's
-    cluster preset (zoo.plan.auto.machine_preset), the ones parallel=auto plans with. A named
+    cluster preset (zoo.plan.settings.machine_preset), the ones parallel=auto plans with. A named
     layout's estimate (the dry run, the over-memory refusal, the out-of-memory line) counts them
     too: without them it charged a CPU rank DeepSpeed's whole 2 GB reduce bucket and left out
     the 0.31 GB runtime, where parallel=auto did neither."""
     import torch
 
-    from zoo.plan.auto import GB, machine_preset
+    from zoo.plan.settings import machine_preset
 
     preset = machine_preset(torch.cuda.is_available())
-    return preset.runtime_gb * GB, preset.resident_on_write, preset.engine_bytes_per_param
+    return preset.runtime_gb * 1e9, preset.resident_on_write, preset.engine_bytes_per_param
 
 
 def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype: str, device_mem_bytes: float, *,

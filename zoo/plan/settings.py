@@ -8,15 +8,17 @@ cross-key checks here raise ValueError with the numbers and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from zoo.config.schema import MeasureConfig, ModelConfig, PrecisionConfig, TrainerConfig
 
 FORMATS = ("text", "json")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CLUSTERS = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 
 
 @dataclass
@@ -199,3 +201,10 @@ def check_plan(cfg: PlanRunConfig) -> None:
     if not 0 <= p.prefer_simpler_within < 1:
         raise ValueError(f"plan.prefer_simpler_within={p.prefer_simpler_within} must be in [0, 1), e.g. 0.02 for 2%")
     _positive(p.zero_bucket_elems, "plan.zero_bucket_elems", "DeepSpeed's default is 500000000")
+
+
+def machine_preset(cuda: bool):
+    """This machine's cluster preset (a ClusterConfig): the cpu preset (this machine's measured
+    speeds and fixed costs) on CPU, the h200 preset on CUDA."""
+    preset = OmegaConf.load(CLUSTERS / ("h200.yaml" if cuda else "cpu.yaml"))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), preset))
