@@ -65,6 +65,24 @@ def _restrictions(cfg: Config, given: Dict[str, str]) -> Dict[str, object]:
     return {KEPT[k]: values[k] for k in KEPT if k in given}
 
 
+def _fitting_changes(plan_cfg) -> List[str]:
+    """The precision or optimizer changes with which some layout of these ranks fits (each planned
+    again), each with its estimate: bf16 from fp32, SGD's one momentum buffer from AdamW's two moments."""
+    from zoo.plan.search import make_plan
+
+    tries = []
+    if plan_cfg.precision.dtype == "fp32":
+        tries.append(("precision=bf16", {"precision": dataclasses.replace(plan_cfg.precision, dtype="bf16")}))
+    if plan_cfg.optim.name == "adamw":
+        tries.append(("optim=sgd", {"optim": dataclasses.replace(plan_cfg.optim, name="sgd", momentum=0.9)}))
+    out = []
+    for key, change in tries:
+        best = make_plan(dataclasses.replace(plan_cfg, **change)).recommended
+        if best is not None:
+            out.append(f"{key} (then {best.mem.total / GB:.2f} GB a rank)")
+    return out
+
+
 def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, host_bytes: float, cuda: bool,
                 given: Dict[str, str], vocab_size: int, measure: Optional[Callable] = None,
                 devices_here: int = 0) -> Tuple[Config, List[str]]:
@@ -84,7 +102,7 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     if kept.get("micro_batch_sizes") == ["auto"]:
         kept.pop("micro_batch_sizes")
     plan_cfg = PlanRunConfig(model=cfg.model, cluster=_cluster(cuda, world, per_node, device_bytes, host_bytes),
-                             precision=cfg.precision, trainer=cfg.trainer,
+                             precision=cfg.precision, trainer=cfg.trainer, optim=cfg.optim,
                              plan=dataclasses.replace(PlanConfig(), vocab_size=vocab_size, measure=cfg.plan.measure,
                                                       measure_steps=cfg.plan.measure_steps,
                                                       document_mask=cfg.data.document_mask, **kept))
@@ -98,7 +116,7 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
         smallest = min(plan.candidates, key=lambda c: c.mem.total)
         fixes = ["more ranks (parallel.world_size, or the launcher's)"]
         fixes += [] if smallest.layout.activation_checkpointing else ["model.activation_checkpointing=true"]
-        fixes += ["a smaller trainer.global_batch_size"] + (["precision=bf16"] if cfg.precision.dtype == "fp32" else [])
+        fixes += ["a smaller trainer.global_batch_size"] + _fitting_changes(plan_cfg)
         raise ConfigError(f"parallel=auto: no layout of {world} rank(s){' with ' + named if named else ''} fits: the "
                           f"smallest needs {smallest.mem.total / GB:.2f} GB a rank (tp={smallest.layout.tp} "
                           f"pp={smallest.layout.pp} dp={smallest.layout.dp} zero_stage={smallest.layout.zero_stage}), "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple
 from zoo.config.schema import Config, ModelConfig
 from zoo.plan.describe import describe_model
 from zoo.plan.layout import PlanLayout
-from zoo.plan.memory import layout_memory
+from zoo.plan.memory import ADAM_MOMENT_BYTES, layout_memory, moment_bytes
 
 if TYPE_CHECKING:
     from zoo.parallel.topology import Layout
@@ -38,14 +38,16 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
                 grad_accum: int = 1, sequence_parallel: bool = False, vocab_size: int = GPT2_VOCAB,
                 mem_fraction: float = 0.8, bucket_elems: int = 500_000_000,
                 document_mask: bool = False, runtime_bytes: float = 0.0,
-                resident_on_write: bool = False, engine_bytes_per_param=()) -> Tuple[bool, Dict[str, int]]:
+                resident_on_write: bool = False, engine_bytes_per_param=(),
+                moments: int = ADAM_MOMENT_BYTES) -> Tuple[bool, Dict[str, int]]:
     """(fits, bytes per device) of training `model_cfg` with `layout` and this micro-batch.
 
     `fits` is total <= mem_fraction * device_mem_bytes. The dict has params, grads, optimizer,
     activations, buffers, total and limit (the usable bytes), and num_params (the model's count). `grad_accum` is the pipeline's
     micro-batches (how many are in flight); `vocab_size` the tokenizer's, padded as training pads it;
     `document_mask`: data.document_mask's attention mask counted (one per micro-batch in flight);
-    `runtime_bytes`, `resident_on_write` and `engine_bytes_per_param`: the machine's (machine_costs()).
+    `runtime_bytes`, `resident_on_write` and `engine_bytes_per_param`: the machine's (machine_costs());
+    `moments`: the optimizer's state bytes a parameter (zoo.plan.memory.moment_bytes; AdamW's 8).
     """
     if device_mem_bytes <= 0:
         raise ValueError(f"device_mem_bytes={device_mem_bytes} must be positive: the memory of one device")
@@ -57,7 +59,7 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
                      activation_checkpointing=model_cfg.activation_checkpointing)
     mem = layout_memory(desc, lay, dtype=dtype, sequence_parallel=sequence_parallel, bucket_elems=bucket_elems,
                         document_mask=document_mask, runtime_bytes=runtime_bytes, resident_on_write=resident_on_write,
-                        engine_bytes_per_param=engine_bytes_per_param)
+                        engine_bytes_per_param=engine_bytes_per_param, moments=moments)
     limit = mem_fraction * device_mem_bytes
     return mem.total <= limit, {**mem.as_dict(), "limit": int(limit), "num_params": desc.num_params}
 
@@ -85,7 +87,8 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction,
                             document_mask=cfg.data.document_mask, runtime_bytes=runtime,
-                            resident_on_write=resident_on_write, engine_bytes_per_param=engine)
+                            resident_on_write=resident_on_write, engine_bytes_per_param=engine,
+                            moments=moment_bytes(cfg.optim.name, cfg.optim.momentum))
     return fits, mem, micro, accum
 
 

@@ -47,7 +47,7 @@ class MemoryEstimate:
     grads: float = 0
     """Gradients (divided by dp from ZeRO-2)."""
     optimizer: float = 0
-    """fp32 master weights and Adam's two moments (divided by dp from ZeRO-1)."""
+    """fp32 master weights and the optimizer's moments (divided by dp from ZeRO-1)."""
     activations: float = 0
     """Activations kept for backward, plus recomputation's working set."""
     buffers: float = 0
@@ -71,12 +71,28 @@ class MemoryEstimate:
         return out
 
 
-def model_state_bytes(n_params: float, dp: int, zero_stage: int, dtype: str) -> MemoryEstimate:
-    """Parameters, gradients and Adam states of `n_params` parameters on one of `dp` ranks."""
+ADAM_MOMENT_BYTES = 8
+"""AdamW's fp32 momentum and variance, bytes a parameter."""
+
+
+def moment_bytes(optimizer: str, momentum: float = 0.0) -> int:
+    """Bytes a parameter of the optimizer's own fp32 state (optim.name, optim.momentum): AdamW's two
+    moments 8; torch's SGD keeps one momentum buffer (4), none without momentum (0)."""
+    if optimizer == "adamw":
+        return ADAM_MOMENT_BYTES
+    if optimizer == "sgd":
+        return 4 if momentum > 0 else 0
+    raise ValueError(f"optim.name={optimizer!r}: the planner knows adamw and sgd")
+
+
+def model_state_bytes(n_params: float, dp: int, zero_stage: int, dtype: str,
+                      moments: int = ADAM_MOMENT_BYTES) -> MemoryEstimate:
+    """Parameters, gradients and optimizer states of `n_params` parameters on one of `dp` ranks;
+    `moments`: the optimizer's own state, bytes a parameter (moment_bytes)."""
     mixed = dtype != "fp32"
     weight_bytes = DTYPE_BYTES[dtype]
     master_bytes = 4 if mixed or zero_stage >= 1 else 0  # the fp32 copy the update writes
-    optimizer_bytes = master_bytes + 8  # + Adam's fp32 momentum and variance
+    optimizer_bytes = master_bytes + moments
     return MemoryEstimate(params=n_params * weight_bytes / (dp if zero_stage >= 3 else 1),
                           grads=n_params * weight_bytes / (dp if zero_stage >= 2 else 1),
                           optimizer=n_params * optimizer_bytes / (dp if zero_stage >= 1 else 1))
@@ -108,8 +124,10 @@ def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
 
 def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, sequence_parallel: bool,
                  bucket_elems: int, resident_on_write: bool = False, document_mask: bool = False,
-                 engine_bytes_per_param: Sequence[Sequence[float]] = ()) -> MemoryEstimate:
-    """Bytes on one accelerator of pipeline stage `stage`; `resident_on_write`: memory counts
+                 engine_bytes_per_param: Sequence[Sequence[float]] = (),
+                 moments: int = ADAM_MOMENT_BYTES) -> MemoryEstimate:
+    """Bytes on one accelerator of pipeline stage `stage` (`moments`: the optimizer's state bytes a
+    parameter, moment_bytes); `resident_on_write`: memory counts
     where written (host memory), so the reduce bucket holds at most the stage's gradients;
     `document_mask`: a stage with layers keeps one (B, 1, T, T) attention mask in the dtype
     per micro-batch in flight (zoo.models.documents.attention_mask), not split by tp or sp;
@@ -119,7 +137,7 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
     sp = sequence_parallel and tp > 1
     pieces = stage_pieces(desc, lay.pp, stage)
     n = stage_params(desc, lay.pp, stage, tp)
-    states = model_state_bytes(n, lay.dp, lay.zero_stage, dtype)
+    states = model_state_bytes(n, lay.dp, lay.zero_stage, dtype, moments)
 
     tokens = lay.micro_batch_size * desc.tokens_per_sample
     kept = sum((p.checkpoint if lay.activation_checkpointing else p.activations).bytes_per_token(elt, tp, sp)
@@ -155,14 +173,16 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
 def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_parallel: bool = True,
                   bucket_elems: int = 500_000_000, runtime_bytes: float = 0.0,
                   resident_on_write: bool = False, document_mask: bool = False,
-                  engine_bytes_per_param: Sequence[Sequence[float]] = ()) -> MemoryEstimate:
+                  engine_bytes_per_param: Sequence[Sequence[float]] = (),
+                  moments: int = ADAM_MOMENT_BYTES) -> MemoryEstimate:
     """The heaviest accelerator of the layout: the first pipeline stage (most micro-batches in
     flight, the embedding) or the last (the output layer and its logits); with `runtime_bytes`
     (a rank's memory before any model) added."""
     stages = {0, lay.pp - 1}
     heaviest = max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
                                  bucket_elems=bucket_elems, resident_on_write=resident_on_write,
-                                 document_mask=document_mask, engine_bytes_per_param=engine_bytes_per_param)
+                                 document_mask=document_mask, engine_bytes_per_param=engine_bytes_per_param,
+                                 moments=moments)
                     for s in stages),
                    key=lambda m: m.total)
     return replace(heaviest, runtime=runtime_bytes)
@@ -191,11 +211,12 @@ class HostEstimate:
         return self.ranks * (self.async_staging + self.per_rank_transient) + self.final_weights
 
 
-def host_memory(desc: ModelDesc, lay: PlanLayout, ranks_per_node: int) -> HostEstimate:
+def host_memory(desc: ModelDesc, lay: PlanLayout, ranks_per_node: int,
+                moments: int = ADAM_MOMENT_BYTES) -> HostEstimate:
     """The host memory checkpoint transitions add on a node of `ranks_per_node` ranks (the
-    heaviest pipeline stage's share: the first or the last)."""
+    heaviest pipeline stage's share: the first or the last; `moments` as in model_state_bytes)."""
     largest = 4 * max([desc.embedding.params.total, desc.head.params.total]
                       + [p.params.total / 4 for p in desc.layers])  # a layer's largest matrix: ~1/4 of it
-    share = max(12 * stage_params(desc, lay.pp, s, lay.tp) / lay.dp for s in {0, lay.pp - 1})
+    share = max((4 + moments) * stage_params(desc, lay.pp, s, lay.tp) / lay.dp for s in {0, lay.pp - 1})
     return HostEstimate(per_rank_transient=largest, final_weights=largest, async_staging=share,
                         ranks=min(ranks_per_node, lay.world_size))

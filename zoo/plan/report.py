@@ -25,16 +25,16 @@ def _best(cands: List[Candidate], pred) -> Optional[Candidate]:
 
 def _model_split_reason(p: Plan, best: Candidate) -> str:
     lay, usable, gpu = best.layout, p.usable_bytes, p.cluster.device
-    replica = model_state_bytes(p.desc.num_params, 1, 0, p.dtype).total
+    replica = model_state_bytes(p.desc.num_params, 1, 0, p.dtype, p.moments).total
     if lay.tp == lay.pp == 1 and replica > usable:
         states = best.mem.params + best.mem.grads + best.mem.optimizer
         return (f"Data parallelism with the model states partitioned: a whole replica ({replica / GB:.1f} GB of "
-                f"parameters, gradients and Adam states) is more than one {gpu}'s {usable / GB:.1f} GB usable, but "
+                f"parameters, gradients and optimizer states) is more than one {gpu}'s {usable / GB:.1f} GB usable, but "
                 f"ZeRO-{lay.zero_stage} over dp={lay.dp} leaves each {gpu} {states / GB:.1f} GB of them, so tp=1, pp=1: "
                 f"no model-parallel communication, ZeRO's gathers and reduce-scatters instead.")
     if lay.tp == lay.pp == 1:
         return (f"Data parallelism while the model fits: a whole replica ({replica / GB:.1f} GB of parameters, "
-                f"gradients and Adam states) fits one {gpu}'s {usable / GB:.1f} GB usable, so tp=1, pp=1 and every "
+                f"gradients and optimizer states) fits one {gpu}'s {usable / GB:.1f} GB usable, so tp=1, pp=1 and every "
                 f"{gpu} is a replica: no model-parallel communication at all.")
     replicas = [x for x in p.candidates if x.layout.tp == x.layout.pp == 1]
     pure_dp = _best(replicas, lambda x: x.fits)
@@ -190,7 +190,7 @@ def host_lines(p: Plan, best: Candidate) -> List[str]:
     from zoo.plan.memory import host_memory
 
     c = p.cluster
-    host = host_memory(p.desc, best.layout, c.gpus_per_node)
+    host = host_memory(p.desc, best.layout, c.gpus_per_node, p.moments)
     limit = p.plan.mem_fraction * c.host_mem_gb * GB
     out = [f"  host memory per node at a checkpoint: +{host.sync / GB:.1f} GB of {c.host_mem_gb:g} GB (each rank's "
            f"sharded save or load holds one tensor, {host.per_rank_transient / GB:.2f} GB at most; an async save "
@@ -281,7 +281,7 @@ def render_json(p: Plan) -> str:
     if best is not None:
         from zoo.plan.memory import host_memory
 
-        host = host_memory(p.desc, best.layout, c.gpus_per_node)
+        host = host_memory(p.desc, best.layout, c.gpus_per_node, p.moments)
         obj["recommended_host_bytes_per_node"] = {"checkpoint": int(host.sync), "async_save": int(host.with_async),
                                                   "per_rank_transient": int(host.per_rank_transient),
                                                   "async_staging_per_rank": int(host.async_staging)}

@@ -20,7 +20,7 @@ from typing import Iterator, List, Optional
 from zoo.config.schema import ModelConfig
 from zoo.plan.describe import describe_model
 from zoo.plan.layout import PlanLayout
-from zoo.plan.memory import MemoryEstimate, layout_memory
+from zoo.plan.memory import ADAM_MOMENT_BYTES, MemoryEstimate, layout_memory, moment_bytes
 from zoo.plan.model_desc import ModelDesc
 from zoo.plan.settings import ClusterConfig, PlanConfig, PlanRunConfig, check_plan
 from zoo.plan.step_time import StepTime, step_time
@@ -53,14 +53,15 @@ class Candidate:
 
 
 def estimate(desc: ModelDesc, layout: PlanLayout, cluster: ClusterConfig, *, dtype: str = "bf16",
-             plan: Optional[PlanConfig] = None) -> Candidate:
-    """Memory and step time of `layout` on `cluster` (plan: sequence parallelism, headroom, bucket)."""
+             plan: Optional[PlanConfig] = None, moments: int = ADAM_MOMENT_BYTES) -> Candidate:
+    """Memory and step time of `layout` on `cluster` (plan: sequence parallelism, headroom, bucket;
+    moments: the optimizer's state bytes a parameter, zoo.plan.memory.moment_bytes)."""
     plan = plan or PlanConfig()
     mem = layout_memory(desc, layout, dtype=dtype, sequence_parallel=plan.sequence_parallel,
                         bucket_elems=plan.zero_bucket_elems, runtime_bytes=cluster.runtime_gb * GB,
                         resident_on_write=cluster.resident_on_write, document_mask=plan.document_mask,
-                        engine_bytes_per_param=cluster.engine_bytes_per_param)
-    time = step_time(desc, layout, cluster, dtype=dtype, sequence_parallel=plan.sequence_parallel)
+                        engine_bytes_per_param=cluster.engine_bytes_per_param, moments=moments)
+    time = step_time(desc, layout, cluster, dtype=dtype, sequence_parallel=plan.sequence_parallel, moments=moments)
     tokens = layout.dp * layout.micro_batch_size * layout.grad_accum * desc.tokens_per_sample
     return Candidate(layout=layout, mem=mem, time=time, fits=mem.total <= plan.mem_fraction * cluster.gpu_mem_gb * GB,
                      tokens_per_s=tokens / time.total)
@@ -141,10 +142,10 @@ def rank_key(c: Candidate) -> tuple:
 
 
 def enumerate_layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, *, dtype: str = "bf16",
-                      plan: Optional[PlanConfig] = None) -> List[Candidate]:
+                      plan: Optional[PlanConfig] = None, moments: int = ADAM_MOMENT_BYTES) -> List[Candidate]:
     """Every layout, estimated: those that fit first, fastest first; then the rest, smallest first."""
     plan = plan or PlanConfig()
-    found = [estimate(desc, lay, cluster, dtype=dtype, plan=plan)
+    found = [estimate(desc, lay, cluster, dtype=dtype, plan=plan, moments=moments)
              for lay in layouts(desc, cluster, global_batch_size, plan)]
     return sorted(found, key=rank_key)
 
@@ -181,6 +182,8 @@ class Plan:
     """The model section as given (for the training command that reproduces the plan)."""
     vocab_size: Optional[int] = None
     """The tokenizer vocabulary planned for (before padding)."""
+    moments: int = ADAM_MOMENT_BYTES
+    """The optimizer's state bytes a parameter (zoo.plan.memory.moment_bytes of the optim section)."""
 
     @property
     def recommended(self) -> Optional[Candidate]:
@@ -205,7 +208,9 @@ def make_plan(cfg: PlanRunConfig) -> Plan:
     published = family(cfg.model.family).published.get(cfg.model.size)
     vocab = cfg.plan.vocab_size or (published[0] if published else GPT2_VOCAB)
     desc = describe_model(cfg.model, vocab)
-    cands = enumerate_layouts(desc, cfg.cluster, cfg.trainer.global_batch_size, dtype=cfg.precision.dtype, plan=cfg.plan)
+    moments = moment_bytes(cfg.optim.name, cfg.optim.momentum)
+    cands = enumerate_layouts(desc, cfg.cluster, cfg.trainer.global_batch_size, dtype=cfg.precision.dtype, plan=cfg.plan,
+                              moments=moments)
     return Plan(desc=desc, cluster=cfg.cluster, dtype=cfg.precision.dtype,
                 global_batch_size=cfg.trainer.global_batch_size, plan=cfg.plan, candidates=cands, model=cfg.model,
-                vocab_size=vocab)
+                vocab_size=vocab, moments=moments)

@@ -14,7 +14,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from zoo.config.schema import MeasureConfig, ModelConfig, PrecisionConfig, TrainerConfig
+from zoo.config.schema import MeasureConfig, ModelConfig, OptimConfig, PrecisionConfig, TrainerConfig
 
 FORMATS = ("text", "json")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -141,6 +141,9 @@ class PlanRunConfig:
     """Training precision (`conf/precision/`): bytes of parameters, gradients and activations."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Only trainer.global_batch_size is read: the samples per optimizer step to reach."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer (`conf/optim/`): only optim.name and optim.momentum are read, for the bytes of
+    its state a parameter (AdamW 8, SGD with momentum 4)."""
     plan: PlanConfig = field(default_factory=PlanConfig)
     """What to search and how to print it."""
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Tuple
 
 from zoo.plan.layout import PlanLayout
-from zoo.plan.memory import model_state_bytes, stage_layers, stage_params, stage_pieces
+from zoo.plan.memory import ADAM_MOMENT_BYTES, model_state_bytes, stage_layers, stage_params, stage_pieces
 from zoo.plan.model_desc import ModelDesc, Piece
 from zoo.plan.settings import DTYPE_BYTES, ClusterConfig
 
@@ -130,8 +130,9 @@ def dp_comm_bytes(n_params: float, lay: PlanLayout, dtype: str) -> float:
 
 
 def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, *, dtype: str,
-              sequence_parallel: bool = True) -> StepTime:
-    """Seconds per optimizer step of the layout's slowest stage."""
+              sequence_parallel: bool = True, moments: int = ADAM_MOMENT_BYTES) -> StepTime:
+    """Seconds per optimizer step of the layout's slowest stage (`moments`: the optimizer's state
+    bytes a parameter, zoo.plan.memory.moment_bytes)."""
     per_stage = [_stage_micro_times(desc, lay, s, cluster, dtype, sequence_parallel) for s in {0, lay.pp - 1}]
     compute, tp_comm, pp_comm, overhead = max(per_stage, key=sum)
     m = lay.grad_accum
@@ -139,7 +140,7 @@ def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, *, dtype
     dp_gbps = network_gbps(cluster, spans_nodes(lay.world_size, cluster))
     dp_comm = dp_comm_bytes(n, lay, dtype) / (dp_gbps * 1e9 * cluster.comm_efficiency)
     # The update reads and writes the states of this rank's partition (all of them without ZeRO).
-    touched = model_state_bytes(n, lay.dp, 3 if lay.zero_stage >= 1 else 0, dtype).total
+    touched = model_state_bytes(n, lay.dp, 3 if lay.zero_stage >= 1 else 0, dtype, moments).total
     optimizer = 2 * touched / (cluster.hbm_gbps * 1e9)
     return StepTime(compute=m * compute, tp_comm=m * tp_comm, pp_comm=m * pp_comm,
                     bubble=(lay.pp - 1) * (compute + tp_comm + pp_comm + overhead), dp_comm=dp_comm,

@@ -2,6 +2,8 @@
 the command line kept, and one line for a world where nothing fits or a contradiction."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.unit.config.test_config import composed
@@ -49,6 +51,34 @@ def test_contradictions_and_a_world_where_nothing_fits_are_one_line():
         _plan(device_gb=0.001)
     with pytest.raises(ConfigError, match=r"model.family='bert' has no planner description"):
         _plan("model=bert")
+
+
+def test_the_plan_counts_the_optimizer_and_names_the_changes_that_fit():
+    """optim=sgd plans one momentum buffer where AdamW has two moments; where nothing fits, the line
+    offers optim=sgd only when a layout then fits (planned again), with that layout's estimate."""
+    model = ("model=llama", "model.size=tinyllama-1.1b", "trainer.global_batch_size=16", "precision=bf16")
+    adam_gb, sgd_gb = (_smallest_gb(*model, o) for o in ("optim=adamw", "optim=sgd"))
+    assert sgd_gb < adam_gb
+
+    def refusal(*overrides, device_gb):
+        with pytest.raises(ConfigError) as err:
+            _plan(*model, *overrides, device_gb=device_gb)
+        return str(err.value)
+
+    between = (adam_gb + sgd_gb) / 2 / 0.8  # a device where SGD's smallest layout fits and AdamW's does not
+    offered = re.search(r", optim=sgd \(then ([0-9.]+) GB a rank\)$", refusal("optim=adamw", device_gb=between))
+    assert offered and sgd_gb <= float(offered.group(1)) <= 0.8 * between  # the layout it would pick, fitting
+    cfg, _ = _plan(*model, "optim=sgd", device_gb=between)
+    assert cfg.optim.name == "sgd"
+    assert "optim=sgd" not in refusal("optim=adamw", device_gb=sgd_gb / 0.8 * 0.9)  # nothing fits either way
+    assert "optim=sgd (then" not in refusal("optim=sgd", device_gb=sgd_gb / 0.8 * 0.9)
+
+
+def _smallest_gb(*overrides) -> float:
+    """The smallest layout's planned GB a rank on 4 ranks (none fitting: the refusal's number)."""
+    with pytest.raises(ConfigError) as err:
+        _plan(*overrides, device_gb=0.001)
+    return float(str(err.value).split("the smallest needs ")[1].split(" GB")[0])
 
 
 def test_the_world_is_the_launchers_else_the_key_else_the_devices():

@@ -1,8 +1,8 @@
 """The planner's model-state bytes per rank against a real DeepSpeed engine, ZeRO stages 0-3.
 
 Two gloo ranks on this CPU build zoo's tiny GPT with `zoo.parallel.build.build_model`, wrap it with
-zoo's own engine config (fp32, torch AdamW, dp=2, two micro-batches per step) and take one
-step. Each rank measures the memory the engine holds, as the union of tensor storage
+zoo's own engine config (fp32, torch AdamW and then torch SGD with momentum, dp=2, two
+micro-batches per step) and take one step. Each rank measures the memory the engine holds, as the union of tensor storage
 ranges so that a buffer shared by two roles counts once:
 - params: the module's parameters (ZeRO-3: each parameter's `ds_tensor` partition);
 - grads: the largest gradient storage after either micro-batch: `param.grad`, ZeRO-1/2's
@@ -11,7 +11,7 @@ ranges so that a buffer shared by two roles counts once:
   micro-batch into its partition);
 - optimizer: the fp32 master partition (a clone, even of fp32 parameters, at every ZeRO
   stage) and every state tensor of the torch optimizer except AdamW's scalar `step` (one
-  0-d tensor per parameter tensor, not per element).
+  0-d tensor per parameter tensor, not per element): AdamW's two moments, SGD's momentum buffer.
 
 They equal the planner's bytes exactly once each Psi/dp partition is replaced by the padded
 partition DeepSpeed really makes: ZeRO-1/2 pad each parameter group's flat buffer to a
@@ -37,11 +37,12 @@ import torch.multiprocessing as mp
 from zoo.config.schema import ModelConfig
 from zoo.families.registry import family_of_shape as spec_of
 from zoo.plan.describe import describe_model
-from zoo.plan.memory import model_state_bytes
+from zoo.plan.memory import model_state_bytes, moment_bytes
 from zoo.worker import leave_process_group
 
 DP = 2
 VOCAB = 250
+OPTIMIZERS = ("adamw", "sgd")
 MODEL = dict(family="gpt", size="tiny", n_layer=2, n_head=3, n_embd=33, block_size=16, vocab_size=VOCAB)
 
 
@@ -98,7 +99,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     cfg = Config(model=model_cfg)
     cfg.trainer.micro_batch_size, cfg.trainer.global_batch_size = 1, 2 * DP  # two micro-batches per step
     x = torch.randint(0, VOCAB, (1, shape.block_size), generator=torch.Generator().manual_seed(rank))
-    for stage in range(4):
+    for optimizer, stage in ((o, s) for o in OPTIMIZERS for s in range(4)):
+        cfg.optim.name = optimizer
         layout = Layout(tp=1, pp=1, dp=DP, zero_stage=stage)
         engine = initialize_engine(build_model(spec_of(shape), shape, seed=0, device=torch.device("cpu")), cfg, layout, build_grid(layout))
         grads = 0
@@ -106,7 +108,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             engine.backward(engine(x, x))
             grads = max(grads, _union_bytes(_grad_tensors(engine)))
             engine.step()
-        Path(out_dir, f"rank{rank}_zero{stage}.json").write_text(json.dumps(_measure(engine, stage, grads)))
+        Path(out_dir, f"rank{rank}_{optimizer}_zero{stage}.json").write_text(json.dumps(_measure(engine, stage, grads)))
         del engine
     leave_process_group()
 
@@ -168,7 +170,8 @@ def _free_port() -> int:
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("zero_states")
     mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=DP, join=True)
-    return {(r, s): json.loads((out / f"rank{r}_zero{s}.json").read_text()) for r in range(DP) for s in range(4)}
+    return {(r, o, s): json.loads((out / f"rank{r}_{o}_zero{s}.json").read_text())
+            for r in range(DP) for o in OPTIMIZERS for s in range(4)}
 
 
 def _group_numels():
@@ -190,25 +193,26 @@ def padded_partition(groups, dp: int, stage: int) -> int:
     return sum(-(-sum(g) // align) * align // dp for g in groups)
 
 
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_model_state_bytes_equal_deepspeed_engine(measured, stage):
+def test_model_state_bytes_equal_deepspeed_engine(measured, stage, optimizer):
     desc = describe_model(ModelConfig(**MODEL), VOCAB)
     groups = _group_numels()
     n = desc.num_params
     assert n == sum(map(sum, groups))
-    planned = model_state_bytes(n, DP, stage, "fp32")
+    planned = model_state_bytes(n, DP, stage, "fp32", moment_bytes(optimizer, 0.9))
     pad = padded_partition(groups, DP, stage)
     if stage >= 1:  # the model exercises the padding, which is under one element per tensor (Z3) or group (Z1/2)
         assert 0 < pad - n / DP < (sum(map(len, groups)) if stage == 3 else len(groups))
     partitioned = {"params": stage >= 3, "grads": stage >= 2, "optimizer": stage >= 1}
     for rank in range(DP):
-        got = measured[(rank, stage)]
+        got = measured[(rank, optimizer, stage)]
         for key, split in partitioned.items():
             want = getattr(planned, key)
             if split:  # Psi/dp elements -> the padded partition
                 want = want * pad / (n / DP)
             assert got[key] == pytest.approx(want, abs=0.5), (
-                f"ZeRO-{stage} rank {rank} {key}: measured {got[key]} bytes, planner {getattr(planned, key):.1f} "
+                f"{optimizer} ZeRO-{stage} rank {rank} {key}: measured {got[key]} bytes, planner {getattr(planned, key):.1f} "
                 f"(padded {want:.1f})")
 
 

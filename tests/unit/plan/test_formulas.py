@@ -19,7 +19,7 @@ from zoo.families.transformer import padded_vocab
 from zoo.parallel.build import count_parameters
 from zoo.plan.describe import describe_model
 from zoo.plan.layout import PlanLayout, stage_layer_counts
-from zoo.plan.memory import model_state_bytes, stage_memory
+from zoo.plan.memory import model_state_bytes, moment_bytes, stage_memory
 from zoo.plan.model_desc import Activations, gpt_layer_activations
 from zoo.plan.step_time import training_flops_per_token
 
@@ -41,6 +41,18 @@ def test_zero_bytes_per_parameter():
     assert per_param(0, "fp32") == (4, 4, 8)
     assert per_param(1, "fp32", dp=4) == (4, 4, 3)  # DeepSpeed's fp32 master clone + 2 moments, over 4 ranks
     assert per_param(3, "bf16", dp=4) == (0.5, 0.5, 3)
+
+
+def test_the_optimizers_own_state_is_counted():
+    """AdamW's two fp32 moments, SGD's one momentum buffer (none without momentum); the fp32 master
+    copy stays where it was (mixed precision, or any ZeRO stage)."""
+    assert (moment_bytes("adamw"), moment_bytes("sgd", 0.9), moment_bytes("sgd", 0.0)) == (8, 4, 0)
+    sgd = moment_bytes("sgd", 0.9)
+    assert model_state_bytes(1, 1, 0, "fp32", sgd).optimizer == 4
+    assert model_state_bytes(1, 1, 0, "bf16", sgd).optimizer == 8
+    assert model_state_bytes(1, 4, 1, "fp32", 0).optimizer == 1  # the master clone alone, over 4 ranks
+    with pytest.raises(ValueError, match="optim.name='lion': the planner knows adamw and sgd"):
+        moment_bytes("lion")
 
 
 S, H, A, T = 2048, 12288, 96, 8  # GPT-3 175B; Korthikanti's tensor-parallel size
