@@ -2,8 +2,12 @@
 (`model=llama model.size=tinyllama-1.1b model.vocab_size=32000 model.block_size=128`,
 1,100,048,384 parameters), each phase one command as a user types it:
 
-    python benchmarks/real_size.py                 # TinyLlama-1.1B on 4 ranks (the whole box, ~25 min)
+    python benchmarks/real_size.py --optim sgd     # TinyLlama-1.1B on 4 ranks (the whole box, ~25 min)
     python benchmarks/real_size.py --size tiny --vocab 4096 --out DIR    # the same phases, small (the slow test)
+
+With AdamW (the default optimizer) TinyLlama's model states alone (17.6 GB) leave no layout of 4
+ranks within 80% of this 24 GB host, and `parallel=auto` refuses before launch, offering
+`optim=sgd` (one momentum buffer: 13.2 GB); `--optim sgd` runs the phases with it.
 
 1. train: `parallel=auto parallel.world_size=4`, 2 steps, a checkpoint at step 2;
 2. resume_auto: `resume=auto parallel=auto` to step 3 (re-planned);
@@ -40,8 +44,8 @@ def _zoo(args, run_dir: Path, *overrides: str, log: Path) -> dict:
     """One `python -m zoo.train` of the run; its stdout, wall time and summary."""
     cmd = [sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", "logger=none", "trainer.progress=false",
            "model=llama", f"model.size={args.size}", f"model.vocab_size={args.vocab}",
-           f"model.block_size={args.block}", f"trainer.global_batch_size={args.gbs}", "optim.warmup_steps=1",
-           "trainer.log_every=1", *overrides]
+           f"model.block_size={args.block}", f"trainer.global_batch_size={args.gbs}", f"optim={args.optim}",
+           "optim.warmup_steps=1", "trainer.log_every=1", *overrides]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     took = time.perf_counter() - t0
@@ -60,7 +64,7 @@ def _planned_gb(args, *overrides: str) -> float:
     """The planner's per-rank estimate for a layout the user names: `--dry-run`'s memory line."""
     cmd = [sys.executable, "-m", "zoo.train", "--dry-run", "model=llama", f"model.size={args.size}",
            f"model.vocab_size={args.vocab}", f"model.block_size={args.block}",
-           f"trainer.global_batch_size={args.gbs}", *overrides]
+           f"trainer.global_batch_size={args.gbs}", f"optim={args.optim}", *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     found = re.search(r"predicted ([0-9.,]+) (MB|GB) per device", proc.stdout)
     if not found:
@@ -74,16 +78,13 @@ def _host_share_gb(world: int) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world / 1e9
 
 
-def _share_bytes(summary: dict) -> list:
-    """Each rank's share of the model state: its parameters x (4 B weights + 4 B gradients +
-    12 B fp32 master and Adam moments where ZeRO does not split them)."""
-    dp, zero = summary["dp"], summary["zero_stage"]
-    out = []
-    for held in summary["params_per_rank"]:
-        optimizer = 12 / dp if zero >= 1 else 12
-        gradients = 4 / dp if zero >= 2 else 4
-        out.append(held * (4 + gradients + optimizer))
-    return out
+def _share_bytes(summary: dict, optim: str) -> list:
+    """Each rank's share of the model state (fp32): its parameters x the planner's bytes a
+    parameter (weights, gradients, the optimizer's state and ZeRO's fp32 master copy)."""
+    from zoo.plan.memory import model_state_bytes, moment_bytes
+
+    per_param = model_state_bytes(1, summary["dp"], summary["zero_stage"], "fp32", moment_bytes(optim, 0.9))
+    return [held * per_param.total for held in summary["params_per_rank"]]
 
 
 def main(argv=None) -> int:
@@ -93,6 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, default=128)
     parser.add_argument("--gbs", type=int, default=8)
     parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--optim", default="adamw", choices=("adamw", "sgd"),
+                        help="the optimizer preset (optim=...): sgd for TinyLlama on this 24 GB box")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=None, help="write the measured rows here")
     args = parser.parse_args(argv)
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
     if run.exists():
         shutil.rmtree(run)
     rows = {}
-    print(f"llama {args.size}, vocab {args.vocab}, block {args.block}, global batch {args.gbs}, {args.world} ranks; "
+    print(f"llama {args.size}, vocab {args.vocab}, block {args.block}, global batch {args.gbs}, {args.world} ranks, "
+          f"optim={args.optim}; "
           f"runs in {work}", flush=True)
     auto = ["parallel=auto", f"parallel.world_size={args.world}"]
     rows["train"] = _zoo(args, run, *auto, "trainer.max_steps=2", "checkpoint.every=2", "trainer.eval_batches=0",
@@ -114,7 +118,8 @@ def main(argv=None) -> int:
                                log=work / "resume_auto.log")
     # A layout the user names (another tp and pp): where the planner predicts it above 80% of a
     # rank's share of the host, zoo refuses it unless plan.allow_over=true, which a user then adds.
-    other = ["parallel=3d", "parallel.tp=2", "parallel.pp=2", "parallel.dp=1", "parallel.num_microbatches=4"]
+    other = ["parallel=3d", "parallel.tp=2", "parallel.pp=2", "parallel.dp=1", "parallel.zero_stage=0",
+             "parallel.num_microbatches=4"]  # dp=1: ZeRO would only add its fp32 master copy and reduce bucket
     if _planned_gb(args, *other) > 0.8 * _host_share_gb(args.world):
         other.append("plan.allow_over=true")
     rows["resume_other"] = _zoo(args, run, *other, "trainer.max_steps=4", "checkpoint.every=0", "resume=auto",
@@ -148,7 +153,7 @@ def main(argv=None) -> int:
         print(f"{name:13} {layout:22} {r['wall_s']:>7.1f} {r['planned_gb'] or float('nan'):>10.2f} "
               + " ".join(f"{p:>10.2f}" for p in peaks) + f" {ratio:>10.2f}")
     s = rows["resume_other"]["summary"]
-    shares = _share_bytes(s)
+    shares = _share_bytes(s, args.optim)
     rises = [(end - loop) / share for end, loop, share in zip(s["peak_mem_bytes_per_rank"],
                                                              s["peak_mem_bytes_per_rank_training"], shares)]
     print("the end of run 3 (evaluation, final weights, sample) over each rank's peak in the loop, x its share: "

@@ -108,29 +108,46 @@ class HFWeights:
     @torch.no_grad()
     def fill(self, name: str, target: torch.Tensor) -> None:
         """Fill `target` (a parameter or buffer, tagged `tp_shard` where sharded) with its values."""
+        local = tuple(target.shape)
+        self._fill_box(name, getattr(target, "tp_shard", None), local, ((0,) * len(local), local), target)
+
+    @torch.no_grad()
+    def fill_flat(self, name: str, spec, local: Tuple[int, ...], start: int, out: torch.Tensor) -> None:
+        """Fill `out` (flat) with elements [start, start + len(out)) of the tensor-parallel shard
+        `spec` (of shape `local`) of `name`: a ZeRO-3 partition reads only its own range."""
+        import math
+
+        from zoo.checkpoint.boxes import flat_boxes
+
+        flat = start
+        for box in flat_boxes(local, start, out.numel()):
+            n = math.prod(box[1])
+            self._fill_box(name, spec, local, box, out.narrow(0, flat - start, n).view(box[1]))
+            flat += n
+
+    def _fill_box(self, name: str, spec, local: Tuple[int, ...], box, dest: torch.Tensor) -> None:
+        """Fill `dest` (the shape of `box`, a box of the shard `spec` of shape `local`) from the files."""
         from zoo.checkpoint.boxes import full_shape, to_full
         from zoo.run.errors import CheckpointError
 
         key = self.key(name)
         if key is None:
             raise CheckpointError(f"the weights have no tensor {name!r} for this model")
-        spec = getattr(target, "tp_shard", None)
-        local = tuple(target.shape)
         full = full_shape(local, spec)
         if full != self.full_shape(name):
             raise CheckpointError(f"model.init_from's {key} has shape {list(self.full_shape(name))}, this model's "
                                   f"{name} {list(full)}")
         transposed = self.spec.hf.transposed(name)
         rows = self.real_vocab if name in self.spec.hf.vocab_rows else full[0]
-        for full_box, within in to_full(((0,) * len(local), local), spec, full):
-            dest = target[tuple(slice(o, o + s) for o, s in zip(*within))]
+        for full_box, within in to_full(box, spec, full):
+            part = dest[tuple(slice(o, o + s) for o, s in zip(*within))]
             (r0, *rest_o), (rn, *rest_s) = full_box
             have = max(0, min(r0 + rn, rows) - r0)  # rows past the real vocabulary stay zero
-            dest[have:].zero_()
+            part[have:].zero_()
             if have:
                 index = tuple(slice(o, o + s) for o, s in zip((r0, *rest_o), (have, *rest_s)))
                 piece = self.where[key].read(key, index[::-1] if transposed else index)
-                dest[:have].copy_(piece.t() if transposed else piece)
+                part[:have].copy_(piece.t() if transposed else piece)
 
     def full(self, name: str) -> torch.Tensor:
         """Zoo's whole tensor `name` (tests, small models)."""

@@ -60,10 +60,11 @@ class Task:
     def build_model(self, grid, init: bool = True) -> nn.Module:
         """This rank's model: plain and tensor-parallel, or this stage's PipelineModule; under
         ZeRO-3 built partitioned, piece by piece (zoo.parallel.build.materialise_partitioned).
-        `init=False`: the weights are not initialised, for a resume that fills them all."""
+        `init=False`: the weights are not initialised, for a resume that fills them all; nor are
+        they where model.init_from's import fills every parameter (or fails naming one it lacks)."""
         from zoo.parallel.build import ZeroThree, build
 
-        options = {**self.build_options(grid), "init": init}
+        options = {**self.build_options(grid), "init": init and self.init_state is None}
         if self.layout.zero_stage == 3:
             from zoo.engine import deepspeed_config
             from zoo.engine.config import TORCH_DTYPES

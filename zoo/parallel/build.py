@@ -100,12 +100,15 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
                             tp_group=None, dp_group=None, sequence_parallel: bool = False, weights=None,
                             init: bool = True) -> None:
     """`materialise` for ZeRO-3, piece by piece: each piece (a block, an embedding) is
-    allocated, initialised (the same layout-free values), filled from `weights` where given
-    (model.init_from) and partitioned over the data-parallel group (deepspeed.zero.Init)
-    before the next is allocated, so no rank holds more than its partition and one piece."""
+    allocated, initialised (the same layout-free values) and partitioned over the data-parallel
+    group (deepspeed.zero.Init) before the next is allocated, so no rank holds more than its
+    partition and one piece. With `weights` (model.init_from, read slice by slice: HFWeights),
+    each rank reads only its own partition's range of each parameter from the files, after the
+    partitioning (1/dp of the piece; the piece's buffers whole)."""
     import deepspeed
 
     from zoo.engine.state import is_zero3
+    from zoo.parallel.names import plain_name
 
     std_of = spec.init_std(shape, module)
     rules = spec.tp_rules_for(shape)
@@ -124,18 +127,39 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
         for m in unit.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 m.reset_running_stats()
-        if weights is not None:
+        fresh = [(name, p) for name, p in unit.named_parameters(prefix=path) if not is_zero3(p)]
+        if weights is not None:  # the buffers now; the parameters once partitioned
             from zoo.checkpoint.consolidate import assign_full_weights
 
-            assign_full_weights(unit, weights, prefix=path, skip=is_zero3)
-        for p in unit.parameters():
-            if not is_zero3(p) and p.dtype != zero3.dtype:
+            assign_full_weights(unit, weights, prefix=path, skip=lambda t: isinstance(t, nn.Parameter))
+        for _, p in fresh:
+            if p.dtype != zero3.dtype:
                 p.data = p.data.to(zero3.dtype)
-        if any(not is_zero3(p) for p in unit.parameters()):
+        if fresh:
             deepspeed.zero.Init(module=unit, config_dict_or_path=zero3.config, data_parallel_group=zero3.group,
                                 dtype=zero3.dtype, mpu=zero3.mpu)
+        if weights is not None:
+            for name, p in fresh:
+                _fill_partition(p, weights, plain_name(name))
     if sequence_parallel and tp_group is not None:
         sum_sequence_parallel_norm_grads(module, tp_group, norms=rules.sequence_parallel_norms)
+
+
+@torch.no_grad()
+def _fill_partition(p: nn.Parameter, weights, name: str) -> None:
+    """This rank's ZeRO-3 partition of `p` from `weights` (HFWeights.fill_flat): only its range."""
+    from zoo.engine.state import held_range
+
+    if name not in weights:  # every rank raises, also one whose range is empty
+        from zoo.run.errors import CheckpointError
+
+        raise CheckpointError(f"the weights have no tensor {name!r} for this model")
+    start, numel, _ = held_range(p)
+    held = p.ds_tensor.data.view(-1).narrow(0, 0, numel)
+    part = held if held.dtype == torch.float32 else torch.empty(numel, dtype=torch.float32)
+    weights.fill_flat(name, getattr(p, "tp_shard", None), tuple(p.ds_shape), start, part)
+    if part is not held:
+        held.copy_(part)
 
 
 def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,

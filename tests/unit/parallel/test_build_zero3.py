@@ -132,3 +132,65 @@ def _tp2_zero3(rank: int, world: int) -> None:
 
 def test_zero3_with_tp2_is_built_piece_by_piece():
     run_ranks(2, _tp2_zero3)
+
+
+def _import_reads_its_partition(rank: int, world: int, imports) -> None:
+    """model.init_from under ZeRO-3 over dp=2: each rank reads from the files only its own
+    partition of each of Llama's parameters (the bytes the reader takes from disk, counted), and
+    the partitioned model gathers to the one-process import (Llama; GPT-2, whose Conv1D weights
+    are stored transposed: a partition's rows are column bands of the file's tensor)."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    import deepspeed
+    import torch.distributed as dist
+
+    from zoo.checkpoint import sharded
+    from zoo.checkpoint.hf_weights import read_hf
+    from zoo.engine import lean_start
+    from zoo.families.registry import family
+    from zoo.parallel.build import ZeroThree, build_model
+
+    lean_start.skip_shm_comm_op()
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    real_pread = sharded.ShardReader._pread
+    zero3 = ZeroThree(config={"train_batch_size": world, "zero_optimization": {"stage": 3}}, group=dist.group.WORLD,
+                      dtype=torch.float32)
+    for name, hf_dir in imports:
+        spec = family(name)
+        meta, weights = read_hf(hf_dir, spec)
+        shape = spec.shape_type(**meta)
+        counted = [0]
+
+        def pread(self, offset, nbytes, into=None):
+            counted[0] += nbytes
+            return real_pread(self, offset, nbytes, into)
+
+        sharded.ShardReader._pread = pread
+        try:
+            parted = build_model(spec, shape, seed=7, device=torch.device("cpu"), zero3=zero3, weights=weights,
+                                 init=False)
+        finally:
+            sharded.ShardReader._pread = real_pread
+        whole = build_model(spec, shape, seed=7, device=torch.device("cpu"), weights=read_hf(hf_dir, spec)[1],
+                            init=False)
+        total = sum(p.numel() for p in whole.parameters())
+        if name == "llama":  # its partition (+ DeepSpeed's padding), fp32 files: not the model
+            assert counted[0] <= 4 * (total / world + 64), (counted[0], 4 * total)
+        params = dict(parted.named_parameters())
+        for pname, want in whole.named_parameters():
+            with deepspeed.zero.GatheredParameters([params[pname]]):
+                assert torch.equal(params[pname].data, want.data), (name, pname)
+
+
+def test_zero3_import_reads_only_each_ranks_partition(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                 tie_word_embeddings=False)).save_pretrained(str(tmp_path / "llama"),
+                                                                             safe_serialization=True)
+    GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=32)).save_pretrained(
+        str(tmp_path / "gpt2"), safe_serialization=True)
+    run_ranks(2, _import_reads_its_partition, [("llama", str(tmp_path / "llama")), ("gpt", str(tmp_path / "gpt2"))])
