@@ -148,16 +148,15 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
 @torch.no_grad()
 def _fill_partition(p: nn.Parameter, weights, name: str) -> None:
     """This rank's ZeRO-3 partition of `p` from `weights` (HFWeights.fill_flat): only its range."""
-    from zoo.engine.state import held_range
+    from zoo.engine.state import full_shape, model_held
 
     if name not in weights:  # every rank raises, also one whose range is empty
         from zoo.run.errors import CheckpointError
 
         raise CheckpointError(f"the weights have no tensor {name!r} for this model")
-    start, numel, _ = held_range(p)
-    held = p.ds_tensor.data.view(-1).narrow(0, 0, numel)
-    part = held if held.dtype == torch.float32 else torch.empty(numel, dtype=torch.float32)
-    weights.fill_flat(name, getattr(p, "tp_shard", None), tuple(p.ds_shape), start, part)
+    start, held = model_held(p)
+    part = held if held.dtype == torch.float32 else torch.empty(held.numel(), dtype=torch.float32)
+    weights.fill_flat(name, getattr(p, "tp_shard", None), tuple(full_shape(p)), start, part)
     if part is not held:
         held.copy_(part)
 
