@@ -240,3 +240,16 @@ def test_an_async_save_resumes_on_another_layout_and_sigterm_waits_for_the_write
                                torch.tensor([checkpoint_reference[s] for s in range(stopped + 1, STEPS + 1)]),
                                rtol=1e-5, atol=0)
     assert resumed.summary["checkpoint_stall_s"] >= 0
+
+
+def test_a_bf16_run_without_zero_resumes_exactly(run_zoo, tmp_path):
+    """bf16 at ZeRO-0: DeepSpeed's FP16_UnfusedOptimizer keeps an fp32 master a parameter and keys
+    AdamW's state by it. The checkpoint holds those masters and moments (it held the bf16
+    weights and zero moments, and a resumed run's loss went NaN at its second step), so a
+    resume continues the uninterrupted run."""
+    bf16 = (*FAST, "precision=bf16", "parallel.zero_stage=0", "trainer.eval_batches=0")
+    straight = run_zoo(*bf16, "trainer.max_steps=6", run_dir=tmp_path / "straight")
+    run_zoo(*bf16, "trainer.max_steps=3", "checkpoint.every=3", run_dir=tmp_path / "run")
+    resumed = run_zoo(*bf16, "trainer.max_steps=6", "resume=auto", run_dir=tmp_path / "run")
+    assert "at step 3" in resumed.stdout
+    assert after(losses_by_step(resumed), 3) == after(losses_by_step(straight), 3)

@@ -116,12 +116,14 @@ def set_optimizer_step(engine, step: int) -> None:
 
 
 def _fp16_master(engine, p: nn.Parameter) -> Optional[torch.Tensor]:
-    """The fp32 master of `p` where DeepSpeed's ZeRO-0 fp16 optimizer keeps one per parameter
-    (its optimizer state is keyed by that master); None elsewhere."""
+    """The fp32 master of `p` where DeepSpeed's ZeRO-0 half-precision optimizer keeps one per
+    parameter (FP16_UnfusedOptimizer, for fp16 and, since DeepSpeed 0.19, for bf16 too: its
+    optimizer state is keyed by that master); None elsewhere."""
     masters = getattr(engine, "_zoo_fp16_masters", None)
     if masters is None:
         opt = engine.optimizer
-        pairs = zip(opt.fp16_groups, opt.fp32_groups) if hasattr(opt, "fp32_groups") and engine.fp16_enabled() else ()
+        unfused = not engine.zero_optimization() and hasattr(opt, "fp16_groups") and hasattr(opt, "fp32_groups")
+        pairs = zip(opt.fp16_groups, opt.fp32_groups) if unfused else ()
         masters = {id(half): master for halves, fp32s in pairs for half, master in zip(halves, fp32s)}
         engine._zoo_fp16_masters = masters
     return masters.get(id(p))
