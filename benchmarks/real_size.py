@@ -96,6 +96,8 @@ def main(argv=None) -> int:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--optim", default="adamw", choices=("adamw", "sgd"),
                         help="the optimizer preset (optim=...): sgd for TinyLlama on this 24 GB box")
+    parser.add_argument("--micro", default=None,
+                        help="trainer.micro_batch_size given to parallel=auto, which keeps it (default: planned)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=None, help="write the measured rows here")
     args = parser.parse_args(argv)
@@ -110,7 +112,8 @@ def main(argv=None) -> int:
     print(f"llama {args.size}, vocab {args.vocab}, block {args.block}, global batch {args.gbs}, {args.world} ranks, "
           f"optim={args.optim}; "
           f"runs in {work}", flush=True)
-    auto = ["parallel=auto", f"parallel.world_size={args.world}"]
+    auto = ["parallel=auto", f"parallel.world_size={args.world}"] + (
+        [f"trainer.micro_batch_size={args.micro}"] if args.micro else [])
     rows["train"] = _zoo(args, run, *auto, "trainer.max_steps=2", "checkpoint.every=2", "trainer.eval_batches=0",
                          "trainer.sample_tokens=0", "checkpoint.save_final=false", log=work / "train.log")
     rows["resume_auto"] = _zoo(args, run, *auto, "trainer.max_steps=3", "checkpoint.every=3", "resume=auto",

@@ -2,7 +2,7 @@
 stage and data-parallel degree: the data for the planner's `engine_bytes_per_param`
 (conf/cluster/cpu.yaml), at TinyLlama-1.1B's width (d 2048, 32 heads, 4 kv heads, MLP 5632).
 
-    python benchmarks/step_memory.py [--only z0-tp4 z1-dp2 ...]
+    python benchmarks/step_memory.py [--only z0-tp4 z1-dp2 ...] [--micro 2] [--optim adamw]
 
 Each case builds the model on its gloo ranks (zoo.parallel.build, the engine through
 zoo.engine.initialize_engine: torch's fused AdamW, fp32), runs two steps of 4 micro-batches of
@@ -44,7 +44,7 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
-def _rank(rank: int, world: int, port: int, name: str, out: str) -> None:
+def _rank(rank: int, world: int, port: int, name: str, out: str, micro: int = 2, optim: str = "adamw") -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from memory_phases import join_gloo
 
@@ -64,7 +64,8 @@ def _rank(rank: int, world: int, port: int, name: str, out: str) -> None:
     model_cfg = ModelConfig(family="llama", size="tinyllama-1.1b", n_layer=layers, block_size=128)
     shape = model_dims(model_cfg, vocab)
     cfg = Config(model=model_cfg)
-    cfg.trainer.micro_batch_size, cfg.trainer.global_batch_size = 2, 8 * dp
+    cfg.optim.name = optim
+    cfg.trainer.micro_batch_size, cfg.trainer.global_batch_size = micro, 4 * micro * dp
     grid = build_grid(layout)
     start = _status("VmRSS")
     zero3 = ZeroThree(config=deepspeed_config(cfg, layout), group=grid.get_data_parallel_group(),
@@ -77,7 +78,7 @@ def _rank(rank: int, world: int, port: int, name: str, out: str) -> None:
     share = sum(held(p) for p in {id(p): p for p in model.parameters()}.values())
     largest = max(sum(held(p) for p in layer.parameters()) for layer in model.model.layers)
     engine = initialize_engine(model, cfg, layout, grid)
-    x = torch.randint(0, vocab, (2, 128), generator=torch.Generator().manual_seed(rank))
+    x = torch.randint(0, vocab, (micro, 128), generator=torch.Generator().manual_seed(rank))
     for _ in range(2):
         for _ in range(4):
             engine.backward(engine(x, x))
@@ -90,25 +91,28 @@ def _rank(rank: int, world: int, port: int, name: str, out: str) -> None:
     leave_process_group()
 
 
-def counted_bytes(name: str) -> float:
+def counted_bytes(name: str, micro: int = 2, optim: str = "adamw") -> float:
     """What the planner counts for the case's rank without the engine term and the runtime
     (zoo.plan.memory.layout_memory: states, buffers, activations)."""
     from zoo.config.schema import ModelConfig
     from zoo.plan.describe import describe_model
     from zoo.plan.layout import PlanLayout
-    from zoo.plan.memory import layout_memory
+    from zoo.plan.memory import layout_memory, moment_bytes
 
     layers, vocab, tp, dp, zero = CASES[name]
     desc = describe_model(ModelConfig(family="llama", size="tinyllama-1.1b", n_layer=layers, block_size=128), vocab)
-    lay = PlanLayout(tp=tp, pp=1, dp=dp, zero_stage=zero, micro_batch_size=2, grad_accum=4,
+    lay = PlanLayout(tp=tp, pp=1, dp=dp, zero_stage=zero, micro_batch_size=micro, grad_accum=4,
                      activation_checkpointing=False)
-    return layout_memory(desc, lay, dtype="fp32", sequence_parallel=False, resident_on_write=True).total
+    return layout_memory(desc, lay, dtype="fp32", sequence_parallel=False, resident_on_write=True,
+                         moments=moment_bytes(optim, 0.9)).total
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--rows", type=Path, default=None, help="print the rows of an earlier run's folder")
+    parser.add_argument("--micro", type=int, default=2, help="samples of 128 tokens a micro-batch (4 a step)")
+    parser.add_argument("--optim", default="adamw", choices=("adamw", "sgd"))
     args = parser.parse_args(argv)
     import torch.multiprocessing as mp
 
@@ -118,14 +122,14 @@ def main(argv=None) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.spawn(_rank, args=(tp * dp, port, name, out), nprocs=tp * dp)
-    print(f"rows in {out}")
+        mp.spawn(_rank, args=(tp * dp, port, name, out, args.micro, args.optim), nprocs=tp * dp)
+    print(f"rows in {out}; micro-batch {args.micro} x 128 tokens, optim={args.optim}")
     print(f"{'case':8} {'share M':>8} {'measured B/p':>12} {'counted B/p':>11} {'rest B/p':>9}")
     for name in args.only:
         rows = [json.loads(f.read_text()) for f in sorted(Path(out).glob(f"{name}-*.json"))]
         r = max(rows, key=lambda r: r["rise"])
         measured = r["rise"] / r["share"]
-        counted = counted_bytes(name) / r["share"]
+        counted = counted_bytes(name, args.micro, args.optim) / r["share"]
         print(f"{name:8} {r['share'] / 1e6:>8.1f} {measured:>12.1f} {counted:>11.1f} {measured - counted:>9.1f}")
     return 0
 
