@@ -11,8 +11,9 @@ from typing import List, Tuple
 from zoo.families import data_keys
 from zoo.families.causal_lm_task import CausalLMTask
 from zoo.families.llama import hf, planner
+from zoo.families.llama.dims import llama_dims
 from zoo.families.spec import FamilySpec, HFConverter
-from zoo.families.transformer import PLACEHOLDER_VOCAB, check_transformer, imported_dims
+from zoo.families.transformer import check_transformer, imported_dims
 from zoo.models.llama import (
     LLAMA_PUBLISHED,
     LLAMA_SIZES,
@@ -20,7 +21,6 @@ from zoo.models.llama import (
     LlamaShape,
     llama_flops_per_token,
     llama_init_std,
-    llama_shape,
 )
 from zoo.parallel.cross_entropy import TokenLoss
 from zoo.parallel.tp_rules import KVHeads, TPRules
@@ -54,17 +54,11 @@ def tp_rules_of(shape: LlamaShape) -> TPRules:
     return dataclasses.replace(TP_RULES, layers=layers, ties=ties)
 
 
-def _shape(cfg, vocab_size=None, pad_token_id=0) -> LlamaShape:
-    return llama_shape(cfg.size, vocab_size or PLACEHOLDER_VOCAB, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                       n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, intermediate_size=cfg.intermediate_size,
-                       block_size=cfg.block_size, rope_theta=cfg.rope_theta, tie_embeddings=cfg.tie_embeddings)
-
-
 def check(cfg, layout, warnings: List[str]) -> Tuple[int, str]:
     """The transformer checks, then grouped-query attention and RoPE."""
     m = cfg.model
     try:
-        shape = imported_dims(SPEC, m) if m.init_from else _shape(m, m.vocab_size)
+        shape = imported_dims(SPEC, m) if m.init_from else llama_dims(m, m.vocab_size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     require(shape.n_kv_head >= 1 and shape.n_head % shape.n_kv_head == 0,
@@ -88,7 +82,7 @@ def _flops_per_sample(task):
 
 
 SPEC = FamilySpec(
-    name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=_shape, task=CausalLMTask,
+    name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=llama_dims, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", 
     mix_sources=("pydoc", "files", "hub", "prepared"),

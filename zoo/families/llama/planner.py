@@ -3,8 +3,8 @@ its parameters, the activations backward keeps, its FLOPs and its tensor-paralle
 from __future__ import annotations
 
 from zoo.config.schema import ModelConfig
-from zoo.families.transformer import padded_vocab, shape_from_config
-from zoo.models.llama import llama_shape
+from zoo.families.llama.dims import llama_dims
+from zoo.families.transformer import padded_vocab
 from zoo.plan.model_desc import Activations, ModelDesc, ParamCount, Piece
 
 
@@ -14,19 +14,23 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     of h x intermediate), rotary positions (no parameters), an untied LM head (tied with model.tie_embeddings, as
     smollm-135m), no dropout.
 
-    Activations per token of a layer, as for GPT (Korthikanti et al. 2022, 4.1) with
-    `F.scaled_dot_product_attention` (no a*s scores kept): split over tp, Q (h), K and V
-    (kv each, rotated), the attention output (h), the gate and up outputs and the down
-    projection's input (3 x intermediate); replicated unless sequence parallelism splits them,
-    the two RMSNorm inputs and the two column-parallel inputs (4h). RoPE's backward needs only
-    its cos/sin tables, SiLU's its input (the gate output, counted)."""
+    Activations per token of a layer: what autograd saves of zoo's layer (measured with
+    torch.autograd.graph.saved_tensors_hooks, tests/unit/plan/test_llama_activations.py; at
+    TinyLlama's width 39,586 fp32 elements a token, of which this count leaves out only RoPE's
+    tables and RMSNorm's two reciprocal norms, 130; the GPT-style count before was 0.75x). Split over tp:
+    Q and K rotated (h, kv), V (kv), SDPA's log-sum-exp (one a head), the attention output (h),
+    and four of the MLP's width: the gate output (SiLU's input), SiLU's output and the up
+    output (the product's two inputs) and the product (the down projection's input).
+    Replicated unless sequence parallelism splits them: each RMSNorm's input and its
+    normalised input (x * rsqrt, kept for the weight's product), and the two column-parallel
+    inputs (6h). RoPE's backward needs only its cos/sin tables."""
     vocab = padded_vocab(vocab_size, cfg)
-    d = shape_from_config(llama_shape, cfg, vocab)
+    d = llama_dims(cfg, vocab)  # every dimension the config overrides (n_kv_head, intermediate_size, tied)
     h, inter, s, v = d.n_embd, d.intermediate_size, d.block_size, d.vocab_size
     kv = d.n_kv_head * d.head_dim
     matmul_params = h * h + 2 * h * kv + h * h + 3 * h * inter  # q, k, v, o, gate, up, down
     layer = Piece(params=ParamCount(sharded=matmul_params, replicated=2 * h),  # the two RMSNorm weights
-                  activations=Activations(tp_elems=2 * h + 2 * kv + 3 * inter, sp_elems=4 * h),
+                  activations=Activations(tp_elems=2 * h + 2 * kv + 4 * inter + d.n_head, sp_elems=6 * h),
                   checkpoint=Activations(sp_elems=h),
                   fwd_flops_per_token=2 * matmul_params + 4 * h * s,  # + QK^T and AV over all query heads
                   # after o_proj's and down_proj's row-parallel outputs in forward, before the
