@@ -30,6 +30,17 @@ def flat_boxes(shape: Sequence[int], start: int, numel: int) -> List[Box]:
     return _flat(shape, start, start + numel)
 
 
+def flat_views(shape: Sequence[int], start: int, out):
+    """(box, view) for each of flat_boxes(shape, start, len(out)): the part of the flat tensor
+    `out` (elements [start, start + len(out)) of a row-major tensor of `shape`) that the box
+    covers, viewed in the box's shape."""
+    at = 0
+    for box in flat_boxes(shape, start, out.numel()):
+        n = math.prod(box[1])
+        yield box, out.narrow(0, at, n).view(box[1])
+        at += n
+
+
 def _flat(shape: Tuple[int, ...], lo: int, hi: int) -> List[Box]:
     inner = math.prod(shape[1:])
     if len(shape) == 1:

@@ -115,15 +115,10 @@ class HFWeights:
     def fill_flat(self, name: str, spec, local: Tuple[int, ...], start: int, out: torch.Tensor) -> None:
         """Fill `out` (flat) with elements [start, start + len(out)) of the tensor-parallel shard
         `spec` (of shape `local`) of `name`: a ZeRO-3 partition reads only its own range."""
-        import math
+        from zoo.checkpoint.boxes import flat_views
 
-        from zoo.checkpoint.boxes import flat_boxes
-
-        flat = start
-        for box in flat_boxes(local, start, out.numel()):
-            n = math.prod(box[1])
-            self._fill_box(name, spec, local, box, out.narrow(0, flat - start, n).view(box[1]))
-            flat += n
+        for box, dest in flat_views(local, start, out):
+            self._fill_box(name, spec, local, box, dest)
 
     def _fill_box(self, name: str, spec, local: Tuple[int, ...], box, dest: torch.Tensor) -> None:
         """Fill `dest` (the shape of `box`, a box of the shard `spec` of shape `local`) from the files."""

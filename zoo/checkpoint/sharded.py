@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from zoo.checkpoint.boxes import Box, flat_boxes, full_shape, intersect, slices, to_full
+from zoo.checkpoint.boxes import Box, flat_boxes, flat_views, full_shape, intersect, slices, to_full
 from zoo.checkpoint.stream_write import DTYPES, StreamWriter
 from zoo.engine import state as engine_state
 from zoo.parallel.names import plain_name
@@ -337,9 +337,7 @@ class Index:
             raise CheckpointError(f"the checkpoint's {tensor} has shape {list(self.shapes[tensor])} but this model's "
                                   f"is {list(full)}: it was written for another model")
         filled = 0
-        for box in flat_boxes(local, start, out.numel()):
-            flat = _ravel(box[0], local) - start
-            dest = out.narrow(0, flat, math.prod(box[1])).view(box[1])
+        for box, dest in flat_views(local, start, out):
             for full_box, within in to_full(box, spec, full):
                 target = dest[tuple(slice(o, o + s) for o, s in zip(*within))]
                 for file, key, saved in self.boxes[tensor]:
