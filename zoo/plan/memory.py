@@ -217,6 +217,7 @@ def host_memory(desc: ModelDesc, lay: PlanLayout, ranks_per_node: int,
     heaviest pipeline stage's share: the first or the last; `moments` as in model_state_bytes)."""
     largest = 4 * max([desc.embedding.params.total, desc.head.params.total]
                       + [p.params.total / 4 for p in desc.layers])  # a layer's largest matrix: ~1/4 of it
-    share = max((4 + moments) * stage_params(desc, lay.pp, s, lay.tp) / lay.dp for s in {0, lay.pp - 1})
+    share = max(model_state_bytes(stage_params(desc, lay.pp, s, lay.tp), lay.dp, 1, "fp32", moments).optimizer
+                for s in {0, lay.pp - 1})  # the fp32 master and the optimizer's state of its partition
     return HostEstimate(per_rank_transient=largest, final_weights=largest, async_staging=share,
                         ranks=min(ranks_per_node, lay.world_size))
