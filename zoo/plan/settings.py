@@ -190,6 +190,10 @@ def check_plan(cfg: PlanRunConfig) -> None:
     if not 0 < p.mem_fraction <= 1:
         raise ValueError(f"plan.mem_fraction={p.mem_fraction} must be in (0, 1], e.g. 0.8 for 20% headroom")
     _positive(cfg.trainer.global_batch_size, "trainer.global_batch_size", "set the samples per step, e.g. 1536")
+    from zoo.config.ranges import RANGES, message
+
+    if not RANGES["optim.momentum"].holds(cfg.optim.momentum):  # read for SGD's state (zoo.plan.memory.moment_bytes)
+        raise ValueError(message("optim.momentum", cfg.optim.momentum))  # training's own range and words
     if p.vocab_size is not None:
         _positive(p.vocab_size, "plan.vocab_size", "set the tokenizer's vocabulary, e.g. 50257")
     for key in ("micro_batch_sizes", "tp", "pp"):

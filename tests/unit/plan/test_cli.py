@@ -136,6 +136,7 @@ def test_nothing_fits_says_so():
     ("plan.mem_fraction=1.2", r"plan.mem_fraction=1.2 must be in \(0, 1\]"),
     ("trainer.global_batch_size=0", "trainer.global_batch_size=0 must be positive"),
     ("plan.vocab_size=0", "plan.vocab_size=0 must be positive"),
+    ("optim.momentum=-1", r"optim.momentum=-1.0 must be in \[0, 1\) \(SGD's momentum; 0: none\)"),
     ("plan.micro_batch_sizes=[]", r"plan.micro_batch_sizes=\[\] must be a non-empty list of positive sizes"),
     ("plan.tp=[0]", r"plan.tp=\[0\] must be a non-empty list of positive sizes"),
     ("plan.zero_stages=[4]", r"plan.zero_stages=\[4\] must be a non-empty subset of \[0, 1, 2, 3\]"),
