@@ -309,12 +309,14 @@ def _device_count() -> int:
         return 0
 
 
-def _standins(text: str) -> Dict[str, str]:
+def _standins(text: str, names: List[str]) -> Dict[str, str]:
+    """ZOO_GPU_CHECK_STANDIN's sub-runs and what stands in for each; ValueError naming a wrong part."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, kind = part.partition("=")
-        if kind not in ("hang", "fail"):
-            raise SystemExit(f"gpu_check: ZOO_GPU_CHECK_STANDIN={text!r}: {part!r} must be NAME=hang or NAME=fail")
+        if kind not in ("hang", "fail") or name not in names:
+            raise ValueError(f"ZOO_GPU_CHECK_STANDIN={text!r}: {part!r} must be NAME=hang or NAME=fail, NAME one of "
+                             f"{names}")
         out[name] = kind
     return out
 
@@ -366,15 +368,22 @@ def main(argv=None) -> int:
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     if out is None:
         parser.error("give --out DIR (or set OUT, as the device tool does)")
-    out.mkdir(parents=True, exist_ok=True)
+    if not args.deadline >= MARGIN_S + MIN_RUN_S:
+        parser.error(f"--deadline {args.deadline:g}: under {MARGIN_S + MIN_RUN_S} s no sub-run could start; "
+                     f"the device check takes 420")
     runs = subruns(args.cpu)
+    try:
+        standins = _standins(os.environ.get("ZOO_GPU_CHECK_STANDIN", ""), [s.name for s in runs])
+    except ValueError as err:
+        parser.error(str(err))
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {s.name for s in runs}
         if unknown:
             parser.error(f"--only {args.only}: no sub-run {sorted(unknown)}; they are {[s.name for s in runs]}")
         runs = [s for s in runs if s.name in wanted]
-    check = Check(out, args.deadline, args.cpu, _standins(os.environ.get("ZOO_GPU_CHECK_STANDIN", "")))
+    out.mkdir(parents=True, exist_ok=True)
+    check = Check(out, args.deadline, args.cpu, standins)
     check.note(f"gpu_check: {len(runs)} sub-runs, deadline {args.deadline:.0f} s, output {out}")
     try:
         if not preflight(check):
