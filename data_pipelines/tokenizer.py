@@ -48,24 +48,40 @@ def write_gpt_tokenizer(docs: Iterable[str], vocab_size: int, dest: Path) -> Non
     fast.save_pretrained(str(dest))
 
 
-def _train_wordpiece(docs: List[str], vocab_size: int):
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+def _bert_pieces(model):
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 
-    tok = Tokenizer(models.WordPiece(unk_token=BERT_SPECIAL["unk_token"]))
+    tok = Tokenizer(model)
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIAL.values()),
-                                        show_progress=False)
-    tok.train_from_iterator(docs, trainer=trainer)
+    return tok
+
+
+def _train_wordpiece(docs: List[str], vocab_size: int):
+    """BERT's WordPiece vocabulary, the same on every machine and every call.
+
+    `tokenizers`' WordPiece trainer gives the `##` continuation pieces their ids in the order a
+    randomly seeded hash map yields the words (huggingface/tokenizers #1794), and merges of equal
+    count are ordered by those ids: trained twice on the same text it gave four different
+    vocabularies in four calls, so a run's data, and every number after it, changed with the
+    machine that prepared it (and two nodes preparing their own caches would disagree on token
+    ids). Here a first pass with no merges lists the continuation pieces; the real pass gets
+    them, sorted, beside the special tokens, so no id is left to the hash order. They are then
+    ordinary vocabulary entries of the saved tokenizer, not special tokens."""
+    from tokenizers import models, processors, trainers
+
+    special = list(BERT_SPECIAL.values())
+    unk = BERT_SPECIAL["unk_token"]
+    probe = _bert_pieces(models.WordPiece(unk_token=unk))
+    probe.train_from_iterator(docs, trainer=trainers.WordPieceTrainer(vocab_size=1, special_tokens=special,
+                                                                      show_progress=False))
+    pieces = sorted(t for t in probe.get_vocab(with_added_tokens=False) if t.startswith("##") and len(t) > 2)
+    trained = _bert_pieces(models.WordPiece(unk_token=unk))
+    trained.train_from_iterator(docs, trainer=trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=special + pieces, show_progress=False))
+    tok = _bert_pieces(models.WordPiece(vocab=trained.get_vocab(with_added_tokens=False), unk_token=unk))
+    tok.add_special_tokens(special)
     cls, sep = BERT_SPECIAL["cls_token"], BERT_SPECIAL["sep_token"]
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
@@ -77,7 +93,7 @@ def train_bert_tokenizer(docs: List[str], vocab_size: int, source_key: str, cach
     """A lower-cased WordPiece tokenizer (BERT's kind) trained on `docs`, cached by source and size."""
     from transformers import BertTokenizerFast
 
-    entry = cache_root(cache_dir) / "tokenizers" / f"wordpiece-{cache_key(source=source_key, vocab=vocab_size)}"
+    entry = cache_root(cache_dir) / "tokenizers" / f"wordpiece-{cache_key(source=source_key, vocab=vocab_size, pieces='sorted')}"
 
     def build(tmp: Path) -> None:
         BertTokenizerFast(tokenizer_object=_train_wordpiece(docs, vocab_size), **BERT_SPECIAL).save_pretrained(str(tmp))

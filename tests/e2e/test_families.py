@@ -68,7 +68,7 @@ def test_layout_matches_single_process_per_step(family_run, family, preset):
     # gradients (per pipeline stage, then across stages; BERT pp=2 with clipping off: 1.2e-7).
     for name in ref_w:
         atol = max(1e-6, 1e-4 * float(ref_w[name].float().abs().max()))
-        torch.testing.assert_close(w[name], ref_w[name], rtol=1e-4, atol=atol, msg=name)
+        torch.testing.assert_close(w[name], ref_w[name], rtol=1e-4, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("family, preset", [(f, p) for f, presets in ALLOWED.items() for p in presets if p != "ddp"])
