@@ -241,6 +241,8 @@ class BucketedStream:
     length, so consecutive samples (a micro-batch) have similar lengths. Layout-free: the
     global batch is fixed, whatever dp, tp or pp."""
 
+    order = "bucketed"  # what a checkpoint records (the trainer's data_order)
+
     def __init__(self, lengths: np.ndarray, *, global_batch: int, seed: int):
         self.sampler = BucketedBatchSampler(np.asarray(lengths), batch_size=global_batch, dp_rank=0, dp_size=1,
                                             seed=seed)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from data_pipelines.loader import StepLoader
+from data_pipelines.schedule import restore_order
 from zoo import checkpoint
 from zoo.checkpoint.final import write_final
 from zoo.config.schema import Config
@@ -79,7 +80,8 @@ class Trainer:
         self.consumed = 0  # samples, globally: the layout-free data position
         self.meta = {"family": cfg.model.family, "shape": task.model_meta(), "optimizer": cfg.optim.name,
                      "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage},
-                     "native": native_checkpoint.layout_key(layout, cfg.parallel, cfg.precision.dtype)}
+                     "native": native_checkpoint.layout_key(layout, cfg.parallel, cfg.precision.dtype),
+                     "data_order": getattr(task.stream, "order", None)}
         # Periodic evaluation: the best eval loss so far, its step, evaluations since (kept in checkpoints).
         self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
         self.stopped_early = None  # the step early stopping ended the run at
@@ -140,6 +142,8 @@ class Trainer:
         how = checkpoint.load(self.engine, self.grid, path, state, native_key=native_key)
         took = time.perf_counter() - t0
         self.step, self.consumed = state["step"], state["consumed"]
+        restore_order(self.task.stream, state.get("data_order"))
+        self.meta["data_order"] = getattr(self.task.stream, "order", None)  # what its next checkpoint records
         self.eval_state.update(state.get("eval") or {})
         if self.rank == 0:
             was = state.get("layout", {})

@@ -208,6 +208,7 @@ def test_a_checkpoint_of_another_model_is_refused(run_zoo, tmp_path, written):
     assert "n_layer" in bad.stderr and "Traceback" not in bad.stderr
     state = json.loads((run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())
     assert state["shape"]["n_layer"] == 4
+    assert state["data_order"] == "feistel"  # the epoch's order a resume keeps (data_pipelines.schedule)
 
 
 def test_an_async_save_resumes_on_another_layout_and_sigterm_waits_for_the_write(run_zoo, tmp_path, zoo_cache,

@@ -38,8 +38,9 @@ def test_the_split_of_a_large_corpus_stores_nothing_per_block():
 
 @pytest.mark.parametrize("n", [1, 5, 1000, 123_457])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_the_stream_gives_the_int64_permutations_samples_across_epochs(n, shuffle):
-    stream = SampleStream(n, seed=11, shuffle=shuffle)
+def test_the_numpy_order_gives_the_int64_permutations_samples_across_epochs(n, shuffle):
+    """order="numpy" (runs whose checkpoints record no order): the epoch's Generator.permutation."""
+    stream = SampleStream(n, seed=11, shuffle=shuffle, order="numpy")
     reads = ((0, min(n, 64)), (max(0, n - 3), 7), (n + 1, n + 2), (0, 3 * n))
     epochs = max(start + count for start, count in reads) // n + 1
     whole = np.concatenate([np.random.default_rng([11, e]).permutation(n) if shuffle else np.arange(n)
