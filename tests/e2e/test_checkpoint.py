@@ -182,6 +182,15 @@ def assert_each_rank_wrote_its_share(ckpt, world: int, partitioned: bool) -> Non
         if partitioned and math.prod(shape) >= world:
             per_rank = [sum(math.prod(b[1]) for r2, b in boxes if r2 == r) for r in range(world)]
             assert max(per_rank) <= math.ceil(math.prod(shape) / world), (tensor, per_rank)
+    # the merged index a resume reads (zoo.checkpoint.merged_index) holds the same boxes
+    from zoo.checkpoint.merged_index import MergedIndex
+
+    merged = MergedIndex(ckpt)
+    assert merged.tensors.keys() == tensors.keys()
+    for tensor in tensors:
+        saved = sorted((f"shard-{r:05d}.safetensors", e["key"], (tuple(e["offsets"]), tuple(e["sizes"])))
+                       for r, entries in enumerate(indexes) for e in entries if e["tensor"] == tensor)
+        assert sorted(merged.boxes(tensor)) == saved, tensor
 
 
 def test_resume_on_another_layout(run_zoo, tmp_path, checkpoint_reference):

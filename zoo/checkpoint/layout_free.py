@@ -4,7 +4,8 @@ under any other, pipeline degree included, with the data position.
 A checkpoint is a directory `checkpoints/step_NNNNNNN/` holding every rank's shard of the
 weights and optimizer state (zoo.checkpoint.sharded: `shard-RRRRR.safetensors` and
 `index-RRRRR.json`; each rank writes only what it holds and a resume reads only what it
-needs), `rng.safetensors` (each rank's torch RNG state), `state.json` (format, step, data
+needs), the merged index of every rank's boxes (`index.json` and `boxes.npy`, written once
+at finish: zoo.checkpoint.merged_index), `rng.safetensors` (each rank's torch RNG state), `state.json` (format, step, data
 position, optimizer step, LR schedule, loss scale, layout, model shape) and
 `checksums.json` (every file's size and digest, each rank's computed as it wrote).
 Checkpoints of format 1 (per-stage files of whole tensors, zoo.checkpoint.format1) still
@@ -33,7 +34,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from zoo.checkpoint import format1, sharded
+from zoo.checkpoint import format1, merged_index, sharded
 from zoo.checkpoint.verify import damage, newest_intact, write_checksums
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
@@ -57,6 +58,7 @@ class PendingSave:
         self.staging: Optional[torch.Tensor] = None  # the host buffer it was staged in (kept for the next)
         self.state_json = ""  # state.json's text, and this rank's RNG state: written by finish
         self.rng: dict = {}  # this rank's RNG states (_rng_states)
+        self.index_part: dict = {}  # this rank's boxes, for the merged index (merged_index.rank_part)
         self.native_written: dict = {}  # digests of the DeepSpeed files this rank verified at save
         self.staged = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(background,), name=f"zoo-save-{final.name}",
@@ -126,6 +128,7 @@ def save(engine, grid, ckpt_root: Path, *, step: int, consumed: int, meta: dict,
     pending = PendingSave(job, tmp=tmp, final=ckpt_root / name, periodic=periodic, keep=keep, background=background)
     pending.native_written = native_written
     pending.staging, pending.rng = staging, _rng_states(_device_of(engine))
+    pending.index_part = merged_index.rank_part(job.shard, job.entries)  # for the merged index, sent at finish
     pending.state_json = json.dumps(state, indent=1, default=str)  # as it is now: text, nothing shared with the engine
     if background:
         engine_state.before_next_optimizer_step(engine, pending.wait_staged)
@@ -155,14 +158,16 @@ def finish(pending: PendingSave) -> Path:
         raise CheckpointError(f"writing checkpoint {pending.final.name} failed on rank {failed[0][0]}: "
                               f"{failed[0][1]}; nothing of it was kept and checkpoints/latest still names "
                               f"{latest or 'no checkpoint'} (free space, or save to another hydra.run.dir)")
-    # What rank 0 alone writes: each rank's file digests and RNG state, gathered to it only.
+    # What rank 0 alone writes: each rank's file digests, RNG state and boxes (a few integers
+    # each), gathered to it only; it merges the boxes into the one index a resume reads.
     parts = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(({**pending.written, **pending.native_written}, pending.rng), parts, dst=0)
+    dist.gather_object(({**pending.written, **pending.native_written}, pending.rng, pending.index_part), parts, dst=0)
     dist.barrier()
     if rank == 0:
-        digests = [written for written, _ in parts]
-        save_file({f"{kind}rank_{i}": state for i, (_, rng) in enumerate(parts) for kind, state in rng.items()},
+        digests = [written for written, _, _ in parts]
+        save_file({f"{kind}rank_{i}": state for i, (_, rng, _) in enumerate(parts) for kind, state in rng.items()},
                   str(pending.tmp / "rng.safetensors"))
+        merged_index.write(pending.tmp, [index for _, _, index in parts])
         (pending.tmp / "state.json").write_text(pending.state_json)
         write_checksums(pending.tmp, known={f: d for part in digests for f, d in part.items()})  # last: finished
         shutil.rmtree(pending.final, ignore_errors=True)

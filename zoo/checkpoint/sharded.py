@@ -10,7 +10,8 @@ tensor each entry is. Nothing is gathered over any group, and a rank writes tens
 tensor (zoo.checkpoint.stream_write), so a save holds no more than one piece at a time
 besides what the rank already holds.
 
-A resume reads every index, then for each of its own parameters fills what it holds (its
+A resume reads the merged index (zoo.checkpoint.merged_index: the rows of the tensors it
+holds, not every rank's file), then for each of its own parameters fills what it holds (its
 fp32 partition, optimizer-state partitions and the model's copy) in place, from the
 intersections of the saved boxes with the ones it needs, read as slices of the memory-
 mapped shards: any tp x pp x dp x ZeRO layout reads any other's, bit for bit.
@@ -34,7 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from zoo.checkpoint import merged_index
 from zoo.checkpoint.boxes import Box, flat_boxes, flat_views, full_shape, intersect, slices, to_full
+from zoo.checkpoint.merged_index import MergedIndex
 from zoo.checkpoint.stream_write import DTYPES, StreamWriter
 from zoo.engine import state as engine_state
 from zoo.parallel.names import plain_name
@@ -154,6 +157,10 @@ class ShardWrite:
         self.directory, self.rank = directory, rank
         self.shard, self.index_name = f"shard-{rank:05d}.safetensors", f"index-{rank:05d}.json"
         self.staged: Optional[List[torch.Tensor]] = None
+        # index-RRRRR.json's entries: which box of which tensor each of the shard's keys holds
+        self.entries = [{"tensor": tensor, "shape": list(full), "dtype": DTYPES[dtype], "offsets": list(box[0]),
+                         "sizes": list(box[1]), "key": f"{n}"}
+                        for n, (tensor, full, box, dtype, *_) in enumerate(self.pieces)]
 
     def _values(self, lo: int = 0, hi: Optional[int] = None):
         """The tensor of each piece in [lo, hi), in order: views of the engine's tensors (or the staged copies)."""
@@ -216,15 +223,13 @@ class ShardWrite:
 
             time.sleep(delay)
         entries = [(f"{n}", dtype, box[1]) for n, (_, _, box, dtype, *_) in enumerate(self.pieces)]
-        index = [{"tensor": tensor, "shape": list(full), "dtype": DTYPES[dtype], "offsets": list(box[0]),
-                  "sizes": list(box[1]), "key": f"{n}"} for n, (tensor, full, box, dtype, *_) in enumerate(self.pieces)]
         writer = StreamWriter(self.directory / self.shard, entries,
                               metadata={"format": "zoo-shard-1", "rank": str(self.rank)})
         for n, values in enumerate(self._values()):
             writer.write(f"{n}", values)
         written = {self.shard: writer.close()}
         self.staged = None  # the staged copies go once written
-        text = json.dumps({"file": self.shard, "entries": index}, separators=(",", ":"))
+        text = json.dumps({"file": self.shard, "entries": self.entries}, separators=(",", ":"))
         (self.directory / self.index_name).write_text(text)
         from zoo.run.checksums import digest
 
@@ -302,25 +307,38 @@ class ShardReader:
 
 
 class Index:
-    """Every saved box of every tensor, from all ranks' index files; the shards opened lazily."""
+    """The saved boxes of every tensor: from the merged index written at save (zoo.checkpoint.
+    merged_index: O(tensors) read, then only the rows of the tensors asked for) or, in a
+    checkpoint written before it, from all ranks' index files; the shards opened lazily."""
 
     def __init__(self, directory: Path):
         self.directory = directory
-        self.boxes: Dict[str, List[Tuple[str, str, Box]]] = {}
+        self.merged: Optional[MergedIndex] = None
+        self._boxes: Dict[str, List[Tuple[str, str, Box]]] = {}
         self.shapes: Dict[str, Tuple[int, ...]] = {}
         self.dtypes: Dict[str, torch.dtype] = {}
         by_name = {name: dtype for dtype, name in DTYPES.items()}
-        for f in sorted(directory.glob("index-*.json")):
+        if (directory / merged_index.INDEX).is_file():
+            self.merged = MergedIndex(directory)
+            for name, t in self.merged.tensors.items():
+                self.shapes[name], self.dtypes[name] = tuple(t["shape"]), by_name[t["dtype"]]
+        for f in [] if self.merged else sorted(directory.glob("index-*.json")):
             record = json.loads(f.read_text())
             for e in record["entries"]:
                 self.shapes[e["tensor"]] = tuple(e["shape"])
                 self.dtypes[e["tensor"]] = by_name[e["dtype"]]
-                self.boxes.setdefault(e["tensor"], []).append(
+                self._boxes.setdefault(e["tensor"], []).append(
                     (record["file"], e["key"], (tuple(e["offsets"]), tuple(e["sizes"]))))
         self._open: Dict[str, ShardReader] = {}
 
     def has(self, tensor: str) -> bool:
-        return tensor in self.boxes
+        return tensor in self.shapes
+
+    def boxes(self, tensor: str, near: Box) -> List[Tuple[str, str, Box]]:
+        """(file, key, box) of the saved boxes of `tensor` that may meet `near`."""
+        if self.merged is not None:
+            return self.merged.boxes(tensor, near)
+        return self._boxes[tensor]
 
     def _reader(self, file: str) -> "ShardReader":
         if file not in self._open:
@@ -331,7 +349,7 @@ class Index:
              out: torch.Tensor) -> None:
         """Fill `out` (flat) with elements [start, start + len(out)) of the tensor-parallel shard
         `spec` (of shape `local`) of the saved full tensor `tensor`."""
-        if tensor not in self.boxes:
+        if tensor not in self.shapes:
             raise CheckpointError(f"the checkpoint has no tensor {tensor!r}: it was written for another model")
         if self.shapes[tensor] != tuple(full):
             raise CheckpointError(f"the checkpoint's {tensor} has shape {list(self.shapes[tensor])} but this model's "
@@ -340,7 +358,7 @@ class Index:
         for box, dest in flat_views(local, start, out):
             for full_box, within in to_full(box, spec, full):
                 target = dest[tuple(slice(o, o + s) for o, s in zip(*within))]
-                for file, key, saved in self.boxes[tensor]:
+                for file, key, saved in self.boxes(tensor, full_box):
                     common = intersect(full_box, saved)
                     if common is None:
                         continue
