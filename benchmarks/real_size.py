@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     for name in ("resume_auto", "resume_other"):
         st = rows[name]["summary"]["startup"]
         print(f"{name}: start {st['total']:.1f} s, of which building the model and engine {st['model']:.1f} s = "
-              f"{st['model'] / st['total']:.1%} (target <= 10%)")
+              f"{st['model'] / st['total']:.1%} (target <= 10%); reading the checkpoint {st.get('resume', 0):.1f} s")
     print(f"export {rows['export']['wall_s']:.1f} s; transformers loads it: {rows['hf_logits']['params']:,} parameters, "
           f"logits max |diff| {rows['hf_logits']['max_diff']:.2e} against the plain model with the final weights "
           f"({rows['hf_logits']['wall_s']:.0f} s)")

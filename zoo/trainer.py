@@ -59,11 +59,14 @@ class _LoopClock:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, layout: Layout, grid, task: Task, run_dir: Path, device: torch.device):
+    def __init__(self, cfg: Config, layout: Layout, grid, task: Task, run_dir: Path, device: torch.device,
+                 startup=None):
         self.cfg, self.layout, self.grid, self.task, self.device = cfg, layout, grid, task, device
         self.run_dir = run_dir
         self.rank = dist.get_rank()
-        self.startup = None  # zoo.observe.startup.StartupClock, set by the worker: the first step ends it
+        # zoo.observe.startup.StartupClock (the worker's): marks the model's build, a resume's
+        # read, and the first step's end
+        self.startup = startup
         self.on_first_step = None  # rank 0: the run's records (config.yaml, ...), written once a step went through
         torch.manual_seed(cfg.trainer.seed)
         self.ckpt_root = run_dir / "checkpoints"
@@ -88,7 +91,11 @@ class Trainer:
         self.last_eval = None  # the latest evaluation's record
         self.training_peak = 0  # this rank's peak memory when the training loop ended
         self.eval_scores: dict = {}  # the latest evaluation's tally (the task's eval_tally), summed
+        if self.startup is not None and found is not None:  # the read is its own phase (a fresh start's
+            self.startup.mark("model")  # "model" is marked by the worker, once this is built)
         self.resumed_from = self._resume(found) if found is not None else None
+        if self.startup is not None and found is not None:
+            self.startup.mark("resume")
         if self.resumed_from is not None and self.step >= cfg.trainer.max_steps:  # nothing written yet
             from zoo.config.continuation import refusal_at_step
             from zoo.run.errors import ConfigError

@@ -301,9 +301,8 @@ def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, tr
     small_split = task.check_eval_split()  # refuses an empty one
     if small_split and rank == 0:
         print(f"zoo: warning: {small_split}", file=sys.stderr, flush=True)
-    trainer = Trainer(cfg, layout, grid, task, run_path, device)
-    clock.mark("model")
-    trainer.startup = clock
+    trainer = Trainer(cfg, layout, grid, task, run_path, device, startup=clock)  # a resume: "model", "resume"
+    clock.mark("model")  # (already marked where a resume read a checkpoint)
     if rank == 0:  # written once the first step went through: a failed start leaves the run's own config
         trainer.on_first_step = lambda: write_run_records(run_path, task.recorded_config(), layout, topology, hosts,
                                                           devices)

@@ -50,6 +50,10 @@ def test_exact_resume_is_bitwise(run_zoo, tmp_path, checkpoint_reference, writte
     portable = run_zoo(*FAST, "trainer.max_steps=6", "checkpoint.native=false", f"resume={step3}")
     assert "read from its layout-free files" in portable.stdout
     assert losses_by_step(portable) == want
+    # the start's phases: the checkpoint's read is its own, after the model's build
+    phases = portable.summary["startup"]
+    assert list(phases)[-4:] == ["model", "resume", "first_step", "total"] and phases["resume"] > 0, phases
+    assert "checkpoint read" in portable.stdout
 
 
 def test_native_files_load_without_running_pickled_code(run_zoo, tmp_path, written):

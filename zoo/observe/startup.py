@@ -4,7 +4,8 @@ The clock starts when the command's process started (its start time in /proc, so
 interpreter's and the imports' time counts too). The command marks when validation ended and
 hands both times to the ranks it starts (ZOO_START_TIME, ZOO_VALIDATED_TIME; a rank of an
 external launcher measures from its own process start). Each rank then marks its own start,
-the process group, the data, the model and engine, and the end of its first step. Rank 0
+the process group, the data, the model and engine, a resume's checkpoint read, and the end
+of its first step. Rank 0
 prints one line (`zoo: start: ...`) and summary.json holds the phases (`startup`, seconds).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Dict, List, Tuple
 
 START_ENV, VALIDATED_ENV = "ZOO_START_TIME", "ZOO_VALIDATED_TIME"
 LABELS = {"validation": "imports and validation", "ranks": "ranks started", "process_group": "process group",
-          "data": "data", "model": "model and engine", "first_step": "first step"}
+          "data": "data", "model": "model and engine", "resume": "checkpoint read", "first_step": "first step"}
 
 
 def process_start_time() -> float:
