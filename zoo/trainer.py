@@ -33,6 +33,7 @@ from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
 from zoo.parallel.topology import Layout, tp_group
 from zoo.run import signals
+from zoo.run.checkpoint_interval import interval_policy
 from zoo.run.quiet import held_stdout
 
 DIVERGED_EXIT_CODE = 3  # the loss stayed non-finite
@@ -93,6 +94,7 @@ class Trainer:
         self.eval_scores: dict = {}  # the latest evaluation's tally (the task's eval_tally), summed
         if self.startup is not None and found is not None:  # the read is its own phase (a fresh start's
             self.startup.mark("model")  # "model" is marked by the worker, once this is built)
+        self.resumed_interval = None
         self.resumed_from = self._resume(found) if found is not None else None
         if self.startup is not None and found is not None:
             self.startup.mark("resume")
@@ -120,6 +122,11 @@ class Trainer:
             "grad_accum": self.grad_accum, "params": task.num_params(), "run_dir": str(run_dir)}, recorded=task.recorded_config())
         self.log = RunLog(run_dir, active=self.rank == 0, total_steps=cfg.trainer.max_steps,
                           progress=cfg.trainer.progress, start_step=self.step, tracker=tracker)
+        # When periodic checkpoints are due: every N steps, or auto's interval from the failure rate
+        self.ckpt_interval = interval_policy(cfg, self.step, self.resumed_interval)
+        self.last_write_s = 0.0  # the last background write's seconds (auto's interval is at least that)
+        if self.ckpt_interval.start_line():
+            self.log.write(self.ckpt_interval.start_line())
 
     # -- checkpoints ------------------------------------------------------------------------
     def _find_checkpoint(self) -> Optional[Path]:
@@ -149,6 +156,7 @@ class Trainer:
         how = checkpoint.load(self.engine, self.grid, path, state, native_key=native_key)
         took = time.perf_counter() - t0
         self.step, self.consumed = state["step"], state["consumed"]
+        self.resumed_interval = state.get("checkpoint_interval")  # what checkpoint.every=auto chose
         restore_order(self.task.stream, state.get("data_order"))
         self.meta["data_order"] = getattr(self.task.stream, "order", None)  # what its next checkpoint records
         self.eval_state.update(state.get("eval") or {})
@@ -168,7 +176,8 @@ class Trainer:
             self._stop_diverged(f"the parameters are not finite at step {self.step}")
         self.finish_pending()
         saved = checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
-                                meta={**self.meta, "eval": dict(self.eval_state)}, keep=self.cfg.checkpoint.keep,
+                                meta={**self.meta, "eval": dict(self.eval_state),
+                                      "checkpoint_interval": self.ckpt_interval.record()}, keep=self.cfg.checkpoint.keep,
                                 native=native_checkpoint.enabled(self.cfg.checkpoint, self.layout), name=name,
                                 background=background, staging=self.staging)
         if not background:
@@ -186,6 +195,7 @@ class Trainer:
         pending, self.pending = self.pending, None
         path = checkpoint.finish(pending)
         self.stall_s += pending.waited_s
+        self.last_write_s = pending.seconds
         self.log.write(f"zoo: checkpoint {path.name} written ({pending.seconds:.2f} s in the background; the next "
                        f"optimizer step waited {pending.waited_s:.2f} s for its staging copy)")
 
@@ -514,8 +524,15 @@ class Trainer:
                                             else (0, None))
         if clock.bad_steps >= t.max_nonfinite_steps:
             self._stop_diverged(f"the loss is not finite at step {clock.first_bad} ({clock.bad_steps} steps in a row)")
-        if self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0 and not nonfinite:
+        if self.ckpt_interval.due(self.step) and not nonfinite:
+            t0 = time.perf_counter()
             self.save_checkpoint(background=self.cfg.checkpoint.async_save and self.step < t.max_steps)
+            if self.ckpt_interval.measures:  # the ranks agree on the largest cost and step time
+                save_s, step_s, write_s = self._agree([time.perf_counter() - t0, clock.train_time / max(
+                    1, self.step - clock.first_step), self.last_write_s])
+                line = self.ckpt_interval.saved(self.step, save_s, step_s, write_s)
+                if line:
+                    self.log.write(line)
         if received:
             self._stop_on_signal(received)
 

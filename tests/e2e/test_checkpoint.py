@@ -267,3 +267,31 @@ def test_a_bf16_run_without_zero_resumes_exactly(run_zoo, tmp_path):
     resumed = run_zoo(*bf16, "trainer.max_steps=6", "resume=auto", run_dir=tmp_path / "run")
     assert "at step 3" in resumed.stdout
     assert after(losses_by_step(resumed), 3) == after(losses_by_step(straight), 3)
+
+
+def test_checkpoint_every_auto_measures_a_save_then_follows_young_s_interval(run_zoo, tmp_path):
+    """checkpoint.every=auto: a first save two steps in measures what a save costs; each line
+    then says the interval chosen from it (Young's, with run.mtbf_hours), and the checkpoints
+    are where the lines put them; a resume keeps the interval its checkpoint chose."""
+    run_dir = tmp_path / "run"
+    run = run_zoo(*FAST, "trainer.max_steps=9", "checkpoint.every=auto", "run.mtbf_hours=0.0003", "checkpoint.keep=50",
+                  run_dir=run_dir)
+    lines = [line for line in run.stdout.splitlines() if "checkpoint.every=auto" in line]
+    assert "a first checkpoint at step 2 measures what a save costs" in lines[0], lines
+    chosen = {int(m.group(2)): int(m.group(1)) for m in
+              (re.search(r"every (\d+) steps from step (\d+) \(a save stalls training [0-9.]+ s, a step takes "
+                         r"[0-9.]+ s, run.mtbf_hours=0.0003: Young's sqrt\(2 x [0-9.]+ s x 1 s\) = [0-9.e-]+ s", line)
+               for line in lines[1:]) if m}
+    assert len(chosen) == len(lines) - 1 and 2 in chosen, lines
+    expected, step, every = [], 2, None
+    while step <= 9:  # where the lines put the saves
+        expected.append(step)
+        every = chosen.get(step, every)
+        step += every
+    saved = sorted(int(p.name[len("step_"):]) for p in (run_dir / "checkpoints").glob("step_*"))
+    assert saved == sorted(set(expected) | {9}), (saved, expected, lines)  # and the final one
+    state = json.loads((run_dir / "checkpoints" / "step_0000009" / "state.json").read_text())
+    assert state["checkpoint_interval"] == {"interval": every}
+    resumed = run_zoo(*FAST, "trainer.max_steps=10", "checkpoint.every=auto", "run.mtbf_hours=0.0003",
+                      "checkpoint.keep=50", "resume=auto", run_dir=run_dir)
+    assert f"every {every} steps, as the checkpoint resumed from chose" in resumed.stdout

@@ -49,6 +49,9 @@ def _num(x: float) -> str:
 
 
 POSITIVE = Range(gt=0)
+# Keys that take a number or `auto` (typed Any in the schema; what auto needs is checked below
+# or in zoo.config.validate).
+AUTO_KEYS = ("trainer.micro_batch_size", "checkpoint.every")
 
 RANGES = {
     "model.n_layer": POSITIVE,
@@ -108,7 +111,8 @@ RANGES = {
     "trainer.sample_temperature": Range(ge=0, hint="0: greedy"),
     "trainer.sample_top_k": Range(ge=0, hint="0: the whole vocabulary"),
     "trainer.max_nonfinite_steps": POSITIVE,
-    "checkpoint.every": Range(ge=0, hint="0: only on request (signals)"),
+    "checkpoint.every": Range(ge=0, hint="0: only on request (signals); auto: from run.mtbf_hours"),
+    "run.mtbf_hours": Range(gt=0, hint="the job's mean time between failures, in hours"),
     "checkpoint.keep": POSITIVE,
 }
 def _value(cfg, key: str) -> Any:
@@ -127,7 +131,7 @@ def check_ranges(cfg) -> None:
     the optional keys; `auto` for the micro-batch, whose other rules zoo.config.validate checks)."""
     for key, r in RANGES.items():
         value = _value(cfg, key)
-        if value is None or (key == "trainer.micro_batch_size" and value == "auto"):
+        if value is None or (key in AUTO_KEYS and value == "auto"):
             continue
         if key == "optim.betas":
             if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(r.holds(b) for b in value)):
@@ -137,6 +141,10 @@ def check_ranges(cfg) -> None:
         if not r.holds(value):  # the schema's types already hold (Hydra refuses 1.5 for an int key)
             raise ConfigError(message(key, value))
     t = cfg.trainer
+    if cfg.checkpoint.every == "auto" and cfg.run.mtbf_hours is None:
+        raise ConfigError("checkpoint.every=auto sets the interval from the job's failure rate, and run.mtbf_hours is "
+                          "not set: give the job's mean time between failures in hours (e.g. run.mtbf_hours=24), or "
+                          "a number of steps (checkpoint.every=N)")
     if t.early_stop.patience and not t.eval_every:
         raise ConfigError(f"trainer.early_stop.patience={t.early_stop.patience} needs periodic evaluation: set "
                           f"trainer.eval_every=N (e.g. {max(1, t.max_steps // 10)})")
@@ -171,7 +179,7 @@ def range_warnings(cfg) -> List[str]:
     if t.eval_every > t.max_steps > 0:
         out.append(f"trainer.eval_every={t.eval_every} is more than trainer.max_steps={t.max_steps}: the run "
                    f"evaluates only at the end")
-    if cfg.checkpoint.every > t.max_steps > 0:
+    if cfg.checkpoint.every != "auto" and cfg.checkpoint.every > t.max_steps > 0:
         out.append(f"checkpoint.every={cfg.checkpoint.every} is more than trainer.max_steps={t.max_steps}: no "
                    f"periodic checkpoint is written in this run")
     return out
@@ -184,6 +192,6 @@ def numeric_keys(schema_sections: dict) -> List[str]:
         for f in dataclasses.fields(cls):
             if dataclasses.is_dataclass(f.default_factory):  # a nested section (trainer.early_stop)
                 out += numeric_keys({f"{section}.{f.name}": f.default_factory})
-            elif re.search(r"\b(int|float)\b", str(f.type)) or f.name == "micro_batch_size":
+            elif re.search(r"\b(int|float)\b", str(f.type)) or f"{section}.{f.name}" in AUTO_KEYS:
                 out.append(f"{section}.{f.name}")
     return out

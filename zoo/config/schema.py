@@ -285,8 +285,10 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0
-    """Save every this many steps (0: only on request, e.g. signals)."""
+    every: Any = 0
+    """Save every this many steps (0: only on request, e.g. signals), or `auto`: every as many
+    steps as Young's interval sqrt(2 x a save's cost x run.mtbf_hours) takes, measured from a
+    first save two steps into each start and again at every save (zoo/run/checkpoint_interval.py)."""
     keep: int = 2
     """Checkpoints kept in the run directory."""
     best: bool = False
@@ -304,6 +306,15 @@ class CheckpointConfig:
     """Also write DeepSpeed's per-rank files in each checkpoint, and resume from them when the
     layout is the one that wrote them. None: only under ZeRO-3, the one stage where that was
     measured faster than the layout-free files (benchmarks/checkpoint_resume.py)."""
+
+
+@dataclass
+class RunConfig:
+    """`run.*`: facts about the job as a whole."""
+
+    mtbf_hours: Optional[float] = None
+    """The job's mean time between failures, in hours (a node's MTBF over the job's nodes):
+    checkpoint.every=auto sets the interval from it."""
 
 
 @dataclass
@@ -339,6 +350,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
     plan: TrainPlanConfig = field(default_factory=TrainPlanConfig)
     experiment: Optional[str] = None
     """Name of the pinned experiment (set by `experiment/` files; the wandb group)."""

@@ -14,7 +14,8 @@ from zoo.run.errors import ConfigError
 
 SECTIONS = {"model": schema.ModelConfig, "parallel": schema.ParallelConfig, "data": schema.DataConfig,
             "optim": schema.OptimConfig, "precision": schema.PrecisionConfig, "trainer": schema.TrainerConfig,
-            "checkpoint": schema.CheckpointConfig, "logger": schema.LoggerConfig, "plan": schema.MeasureConfig}
+            "checkpoint": schema.CheckpointConfig, "logger": schema.LoggerConfig, "plan": schema.MeasureConfig,
+            "run": schema.RunConfig}
 
 
 def test_the_sections_walked_are_every_section_of_the_schema():
@@ -108,6 +109,7 @@ OUTSIDE = {
     "trainer.sample_top_k": ("-1", "must be >= 0"),
     "trainer.max_nonfinite_steps": ("0", "must be positive"),
     "checkpoint.every": ("-5", "must be >= 0"),
+    "run.mtbf_hours": ("0", "must be positive (the job's mean time between failures, in hours)"),
     "checkpoint.keep": ("0", "must be positive"),
     "plan.measure": ("0", "must be positive (the planner's top layouts parallel=auto runs here before training, or "
                           "null)"),
