@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from zoo.observe.breakdown import COMPUTE, KINDS, step_breakdown
+from zoo.observe.device_time import trace_device_breakdown
 
 TRACE_VIEWERS = "https://ui.perfetto.dev (Open trace file) or TensorBoard's profiler plugin"
 STAGE_IMBALANCE = 1.25  # a stage computing this much more than another is named
@@ -145,6 +146,9 @@ class ProfileWindow:
             torch.cuda.memory._record_memory_history(enabled=None)
         trace = self.dir / f"rank{self.rank}.json"
         self.prof.export_chrome_trace(str(trace))
+        # On a GPU the ranges above time the CPU's launches and waits: the kernels' own time, by
+        # the range that launched them, is read back from the trace (zoo.observe.device_time).
+        device = trace_device_breakdown(trace) if self.device.type == "cuda" else None
         events = self.prof.events()
         main = {e.thread for e in events if e.name == "zoo.step"}
         row = step_breakdown((e.name, e.time_range.start, e.time_range.end) for e in events if e.thread in main)
@@ -153,7 +157,7 @@ class ProfileWindow:
         return {"rank": self.rank, **self.coords, "host": socket.gethostname(), **row, "window_s": window_s,
                 "plain_step_ms": 1e3 * sum(plain) / len(plain) if plain else None,
                 "write_s": time.perf_counter() - t0, "trace": str(trace),
-                **({"memory_snapshot": str(memory)} if memory else {})}
+                **({"memory_snapshot": str(memory)} if memory else {}), **({"device": device} if device else {})}
 
 
 def gather_rows(row: Dict[str, object]) -> List[Dict[str, object]]:
@@ -163,6 +167,10 @@ def gather_rows(row: Dict[str, object]) -> List[Dict[str, object]]:
 
 
 def compute_ms(row) -> float:
+    """A rank's compute a step: its kernels' device time where the trace has them (a GPU run),
+    else the training thread's compute ranges."""
+    if row.get("device"):
+        return sum(row["device"]["device_ms"].get(k, 0.0) for k in COMPUTE)
     return sum(row["ms"][k] for k in COMPUTE)
 
 
@@ -232,6 +240,7 @@ def table_lines(summary: Dict[str, object], where: str = "") -> List[str]:
     if "stage_compute_ms" in summary:
         per = ", ".join(f"stage {s} {v:.1f} ms" for s, v in summary["stage_compute_ms"].items())
         lines.append(f"zoo: profile: compute per pipeline stage: {per}")
+    lines += device_lines(rows)
     mean_step = sum(r["step_ms"] for r in rows) / len(rows)
     if summary.get("plain_step_ms"):
         lines.append(f"zoo: profile: the window's steps took {mean_step:.1f} ms, the steps before it "
@@ -240,6 +249,24 @@ def table_lines(summary: Dict[str, object], where: str = "") -> List[str]:
     else:
         lines.append(f"zoo: profile: writing the traces took {summary['write_s']:.1f} s (no step before the window "
                      f"to measure the profiler's overhead against)")
+    return lines
+
+
+def device_lines(rows: List[Dict[str, object]]) -> List[str]:
+    """The kernels' time a step per rank and kind (a GPU run's trace), the device's busy share
+    of the step and the communication that ran beside compute; nothing for a CPU run."""
+    rows = [r for r in rows if r.get("device")]
+    if not rows:
+        return []
+    kinds = [k for k in (*KINDS, "memory", "other") if any(r["device"]["device_ms"].get(k, 0.0) >= 0.05 for r in rows)]
+    lines = ["zoo: profile: device time from the trace's kernels, ms a step (share of the step), by the range that "
+             "launched them",
+             f"{'rank':>4} {'step':>8} {'busy':>14}" + "".join(f" {k:>14}" for k in kinds) + f" {'comm overlapped':>16}"]
+    for r in rows:
+        d = r["device"]
+        cells = "".join(f" {_cell(d['device_ms'].get(k, 0.0), r['step_ms']):>14}" for k in kinds)
+        lines.append(f"{r['rank']:>4} {r['step_ms']:>8.1f} {_cell(d['busy_ms'], r['step_ms']):>14}{cells} "
+                     f"{d['comm_overlap_ms']:>13.1f} ms")
     return lines
 
 
