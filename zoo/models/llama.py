@@ -137,6 +137,22 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float, positions: Option
     return q * cos + q.roll(d // 2, -1) * signed_sin, k * cos + k.roll(d // 2, -1) * signed_sin
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor], causal: bool,
+           groups: int, expand: Optional[bool] = None) -> torch.Tensor:
+    """SDPA with `groups` query heads to a key/value head. SDPA's own grouped-query attention
+    (enable_gqa) runs, on CUDA, only in the flash kernel, which takes no mask, and the math
+    kernel, which builds the (B, heads, T, T) scores: so a masked call (document masking) on
+    CUDA repeats the key/value heads first (`expand`; groups x their memory, for this call),
+    and the memory-efficient kernel takes it with the mask. The same numbers either way
+    (tests/unit/models/test_llama_attend.py); elsewhere SDPA repeats none."""
+    if expand is None:
+        expand = mask is not None and groups > 1 and q.is_cuda
+    if expand:
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
+
+
 class LlamaAttention(ReadsDecodeCache, nn.Module):
     def __init__(self, shape: LlamaShape):
         super().__init__()
@@ -162,9 +178,8 @@ class LlamaAttention(ReadsDecodeCache, nn.Module):
             k, v = self.decode_cache.extend(self, k, v)
             causal = self.decode_cache.prompt  # a later token attends to every earlier one
         replicated = getattr(self.k_proj, "query_to_kv", None)  # tp does not divide the kv heads
-        if replicated is None:  # each group of `groups` query heads shares one kv head: sdpa repeats none
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                               enable_gqa=self.groups > 1)
+        if replicated is None:  # each group of `groups` query heads shares one kv head
+            y = attend(q, k, v, mask=mask, causal=causal, groups=self.groups)
         else:
             index = torch.tensor(replicated, device=k.device)
             k, v = (t.index_select(1, index) for t in (k, v))
