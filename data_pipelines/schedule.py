@@ -4,8 +4,9 @@ The sample stream is the concatenation of per-epoch permutations (seeded by seed
 epoch), each computed only at the positions read (data_pipelines.permutation: no rank holds
 an epoch's order). A step of global batch B that starts after `consumed` samples reads
 positions [consumed, consumed + B); the data-parallel rank d takes the d-th contiguous slice
-of B/dp of them, cut into micro-batches. So the data position is one integer (samples consumed), which carries over
-unchanged when tp, pp or dp change, and every layout sees the same samples per step.
+of B/dp of them, cut into micro-batches. So the data position is one integer (samples
+consumed), which carries over unchanged when tp, pp or dp change, and every layout sees the
+same samples per step.
 """
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ class SampleStream:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         """order="numpy": the epoch's whole order, in the narrowest integer type that holds it:
-        int32 below 2**31 samples (4 bytes a sample on every rank, not 8). Shuffling an int32 range draws what
-        `Generator.permutation(n)` draws: the same order as int64 gives (a unit test holds it)."""
+        int32 below 2**31 samples (4 bytes a sample on every rank, not 8). Shuffling an int32
+        range draws what `Generator.permutation(n)` draws: the same order as int64 gives (a unit
+        test holds it)."""
         if epoch != self._perm_epoch:
             self._perm = None  # the last epoch's order is freed before the next is built
             order = np.arange(self.num_samples, dtype=np.int32 if self.num_samples < 2**31 else np.int64)

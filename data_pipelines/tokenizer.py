@@ -93,7 +93,8 @@ def train_bert_tokenizer(docs: List[str], vocab_size: int, source_key: str, cach
     """A lower-cased WordPiece tokenizer (BERT's kind) trained on `docs`, cached by source and size."""
     from transformers import BertTokenizerFast
 
-    entry = cache_root(cache_dir) / "tokenizers" / f"wordpiece-{cache_key(source=source_key, vocab=vocab_size, pieces='sorted')}"
+    key = cache_key(source=source_key, vocab=vocab_size, pieces="sorted")  # sorted: the pieces' ids, _train_wordpiece
+    entry = cache_root(cache_dir) / "tokenizers" / f"wordpiece-{key}"
 
     def build(tmp: Path) -> None:
         BertTokenizerFast(tokenizer_object=_train_wordpiece(docs, vocab_size), **BERT_SPECIAL).save_pretrained(str(tmp))

@@ -5,8 +5,9 @@ A checkpoint is a directory `checkpoints/step_NNNNNNN/` holding every rank's sha
 weights and optimizer state (zoo.checkpoint.sharded: `shard-RRRRR.safetensors` and
 `index-RRRRR.json`; each rank writes only what it holds and a resume reads only what it
 needs), the merged index of every rank's boxes (`index.json` and `boxes.npy`, written once
-at finish: zoo.checkpoint.merged_index), `rng.safetensors` (each rank's torch RNG state), `state.json` (format, step, data
-position, optimizer step, LR schedule, loss scale, layout, model shape) and
+at finish: zoo.checkpoint.merged_index), `rng.safetensors` (each rank's torch RNG state),
+`state.json` (format, step, data position, optimizer step, LR schedule, loss scale, layout,
+model shape) and
 `checksums.json` (every file's size and digest, each rank's computed as it wrote).
 Checkpoints of format 1 (per-stage files of whole tensors, zoo.checkpoint.format1) still
 resume.

@@ -35,9 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from zoo.checkpoint import merged_index
 from zoo.checkpoint.boxes import Box, flat_boxes, flat_views, full_shape, intersect, slices, to_full
-from zoo.checkpoint.merged_index import MergedIndex
+from zoo.checkpoint.merged_index import INDEX, MergedIndex
 from zoo.checkpoint.stream_write import DTYPES, StreamWriter
 from zoo.engine import state as engine_state
 from zoo.parallel.names import plain_name
@@ -318,7 +317,7 @@ class Index:
         self.shapes: Dict[str, Tuple[int, ...]] = {}
         self.dtypes: Dict[str, torch.dtype] = {}
         by_name = {name: dtype for dtype, name in DTYPES.items()}
-        if (directory / merged_index.INDEX).is_file():
+        if (directory / INDEX).is_file():
             self.merged = MergedIndex(directory)
             for name, t in self.merged.tensors.items():
                 self.shapes[name], self.dtypes[name] = tuple(t["shape"]), by_name[t["dtype"]]

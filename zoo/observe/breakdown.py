@@ -16,7 +16,7 @@ its `zoo.step` ranges.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 Span = Tuple[float, float]
 
@@ -95,15 +95,23 @@ def step_breakdown(ranges: Iterable[Tuple[str, float, float]]) -> Dict[str, obje
         kind = kind_of(name)
         if kind is not None:
             by_kind.setdefault(kind, []).append((a, b))
-    covered: List[Span] = []
-    ms: Dict[str, float] = {}
-    for kind in PRIORITY:
-        own = minus(_clip(merged(by_kind.get(kind, [])), steps), covered)
-        ms[kind] = length(own) / 1e3 / count
-        covered = merged([*covered, *own])
+    ms = {kind: length(own) / 1e3 / count for kind, own in owned(by_kind, steps).items()}
     total = length(steps) / 1e3 / count
-    ms["idle"] = max(0.0, total - length(covered) / 1e3 / count)
+    ms["idle"] = max(0.0, total - sum(ms.values()))
     return {"steps": count, "step_ms": total, "ms": {k: ms.get(k, 0.0) for k in KINDS}}
+
+
+def owned(by_kind: Dict[str, List[Span]], within: Optional[Sequence[Span]] = None) -> Dict[str, List[Span]]:
+    """{kind: its merged spans} where each moment counts once, for the first kind in PRIORITY
+    that covers it (disjoint across kinds); `within`: only inside those merged spans."""
+    covered: List[Span] = []
+    out: Dict[str, List[Span]] = {}
+    for kind in PRIORITY:
+        spans = merged(by_kind.get(kind, []))
+        own = minus(_clip(spans, within) if within is not None else spans, covered)
+        out[kind] = own
+        covered = merged([*covered, *own])
+    return out
 
 
 def _clip(spans: Sequence[Span], windows: Sequence[Span]) -> List[Span]:

@@ -15,21 +15,23 @@ launched it. Per step of the window: each kind's device milliseconds, the device
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from zoo.observe.breakdown import COMM_KINDS, COMPUTE, PRIORITY, Span, kind_of, length, merged
+from zoo.observe.breakdown import COMM_KINDS, COMPUTE, Span, kind_of, length, merged, owned
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 COMM = tuple(COMM_KINDS)
 
 
-def _ranges(events: Iterable[dict]) -> Tuple[List[Tuple[str, Span]], int]:
-    """The training thread's zoo.* ranges, [(kind, span)] in priority order, and its count of
-    zoo.step ranges (the training thread: the one with the most of them)."""
+def _ranges(events: Iterable[dict]) -> Tuple[List[Tuple[float, float, str]], int]:
+    """The training thread's zoo.* ranges as disjoint (start, end, kind) spans, sorted, each
+    moment the first kind in PRIORITY that covers it (zoo.observe.breakdown.owned), and its
+    count of zoo.step ranges (the training thread: the one with the most of them)."""
     steps: Dict[object, int] = {}
-    ranges = []
+    ranges: Dict[object, Dict[str, List[Span]]] = {}
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("user_annotation", "cpu_op", "python_function"):
             continue
@@ -37,19 +39,18 @@ def _ranges(events: Iterable[dict]) -> Tuple[List[Tuple[str, Span]], int]:
         if name == "zoo.step":
             steps[e.get("tid")] = steps.get(e.get("tid"), 0) + 1
         elif kind_of(name) is not None:
-            ranges.append((e.get("tid"), kind_of(name), (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))))
+            span = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            ranges.setdefault(e.get("tid"), {}).setdefault(kind_of(name), []).append(span)
     if not steps:
         return [], 0
     tid = max(steps, key=steps.__getitem__)
-    order = {k: i for i, k in enumerate(PRIORITY)}
-    return sorted(((k, s) for t, k, s in ranges if t == tid), key=lambda ks: order[ks[0]]), steps[tid]
+    spans = sorted((a, b, kind) for kind, own in owned(ranges.get(tid, {})).items() for a, b in own)
+    return spans, steps[tid]
 
 
-def _kind_at(t: float, ranges: List[Tuple[str, Span]]) -> Optional[str]:
-    for kind, (a, b) in ranges:  # in priority order: the first that covers t
-        if a <= t <= b:
-            return kind
-    return None
+def _kind_at(t: float, spans: List[Tuple[float, float, str]], starts: List[float]) -> Optional[str]:
+    i = bisect_right(starts, t) - 1  # the last span starting at or before t
+    return spans[i][2] if i >= 0 and t <= spans[i][1] else None
 
 
 def device_breakdown(trace: dict) -> Optional[Dict[str, object]]:
@@ -60,7 +61,8 @@ def device_breakdown(trace: dict) -> Optional[Dict[str, object]]:
     device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
     if not device:
         return None
-    ranges, count = _ranges(events)
+    spans, count = _ranges(events)
+    starts = [a for a, _, _ in spans]
     if not count:
         return None
     # Launches from any thread (autograd's device thread launches the backward's kernels while
@@ -71,7 +73,7 @@ def device_breakdown(trace: dict) -> Optional[Dict[str, object]]:
     for e in device:
         span = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
         at = launched.get(e.get("args", {}).get("correlation"))
-        kind = _kind_at(at, ranges) if at is not None else None
+        kind = _kind_at(at, spans, starts) if at is not None else None
         if "nccl" in e.get("name", "").lower() and kind not in COMM:
             kind = "other comm"
         if kind is None:

@@ -56,11 +56,11 @@ class FromFailureRate:
 
     measures = True  # saved() takes the save's cost and the step time, agreed over the ranks
 
-    def __init__(self, mtbf_hours: float, start_step: int, max_steps: int, state: Optional[dict] = None):
+    def __init__(self, mtbf_hours: float, start_step: int, state: Optional[dict] = None):
         self.mtbf_s = float(mtbf_hours) * 3600.0
         self.interval: Optional[int] = (state or {}).get("interval")
         self.next = start_step + (self.interval or PROBE_STEPS)
-        self.max_steps, self.mtbf_hours = max_steps, mtbf_hours
+        self.mtbf_hours = mtbf_hours
 
     def due(self, step: int) -> bool:
         return step >= self.next
@@ -98,5 +98,5 @@ def interval_policy(cfg, start_step: int, state: Optional[dict] = None):
     run.mtbf_hours)."""
     every = cfg.checkpoint.every
     if every == "auto":
-        return FromFailureRate(cfg.run.mtbf_hours, start_step, cfg.trainer.max_steps, state)
+        return FromFailureRate(cfg.run.mtbf_hours, start_step, state)
     return EveryN(int(every))

@@ -25,7 +25,7 @@ def test_every_n():
 
 
 def test_auto_saves_first_to_measure_then_every_young_interval():
-    policy = FromFailureRate(mtbf_hours=1.0, start_step=0, max_steps=10_000)
+    policy = FromFailureRate(mtbf_hours=1.0, start_step=0)
     assert "a first checkpoint at step 2" in policy.start_line()
     assert not policy.due(PROBE_STEPS - 1) and policy.due(PROBE_STEPS)  # due until saved (a skipped save: next step)
     line = policy.saved(PROBE_STEPS, save_s=10.0, step_s=2.0)  # sqrt(2 x 10 x 3600) = 268 s = 134 steps
@@ -39,13 +39,13 @@ def test_auto_saves_first_to_measure_then_every_young_interval():
 
 
 def test_an_async_write_longer_than_the_interval_sets_it():
-    policy = FromFailureRate(mtbf_hours=0.01, start_step=0, max_steps=100)  # 36 s
+    policy = FromFailureRate(mtbf_hours=0.01, start_step=0)  # 36 s
     line = policy.saved(2, save_s=0.05, step_s=1.0, write_s=20.0)  # sqrt(2 x 0.05 x 36) = 1.9 s < 20 s
     assert policy.interval == 20 and "raised to the last background write's 20.0 s" in line
 
 
 def test_a_resume_keeps_the_interval_its_checkpoint_chose():
-    policy = FromFailureRate(mtbf_hours=1.0, start_step=50, max_steps=1000, state={"interval": 30})
+    policy = FromFailureRate(mtbf_hours=1.0, start_step=50, state={"interval": 30})
     assert not policy.due(79) and policy.due(80)
     assert "every 30 steps, as the checkpoint resumed from chose" in policy.start_line()
 
