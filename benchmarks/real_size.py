@@ -45,7 +45,7 @@ def _zoo(args, run_dir: Path, *overrides: str, log: Path) -> dict:
     cmd = [sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", "logger=none", "trainer.progress=false",
            "model=llama", f"model.size={args.size}", f"model.vocab_size={args.vocab}",
            f"model.block_size={args.block}", f"trainer.global_batch_size={args.gbs}", f"optim={args.optim}",
-           "optim.warmup_steps=1", "trainer.log_every=1", *overrides]
+           "optim.warmup_steps=1", "trainer.log_every=1", f"run.cpu_allocator={args.allocator}", *overrides]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     took = time.perf_counter() - t0
@@ -64,7 +64,8 @@ def _planned_gb(args, *overrides: str) -> float:
     """The planner's per-rank estimate for a layout the user names: `--dry-run`'s memory line."""
     cmd = [sys.executable, "-m", "zoo.train", "--dry-run", "model=llama", f"model.size={args.size}",
            f"model.vocab_size={args.vocab}", f"model.block_size={args.block}",
-           f"trainer.global_batch_size={args.gbs}", f"optim={args.optim}", *overrides]
+           f"trainer.global_batch_size={args.gbs}", f"optim={args.optim}", f"run.cpu_allocator={args.allocator}",
+           *overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     found = re.search(r"predicted ([0-9.,]+) (MB|GB) per device", proc.stdout)
     if not found:
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
                         help="the optimizer preset (optim=...): sgd for TinyLlama on this 24 GB box")
     parser.add_argument("--micro", default=None,
                         help="trainer.micro_batch_size given to parallel=auto, which keeps it (default: planned)")
+    parser.add_argument("--allocator", default="auto", help="the CPU ranks' malloc (run.cpu_allocator)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=None, help="write the measured rows here")
     args = parser.parse_args(argv)
@@ -110,7 +112,7 @@ def main(argv=None) -> int:
         shutil.rmtree(run)
     rows = {}
     print(f"llama {args.size}, vocab {args.vocab}, block {args.block}, global batch {args.gbs}, {args.world} ranks, "
-          f"optim={args.optim}; "
+          f"optim={args.optim}, run.cpu_allocator={args.allocator}; "
           f"runs in {work}", flush=True)
     auto = ["parallel=auto", f"parallel.world_size={args.world}"] + (
         [f"trainer.micro_batch_size={args.micro}"] if args.micro else [])
@@ -173,6 +175,7 @@ def main(argv=None) -> int:
         print(f"resume_other ran with plan.allow_over=true: the planner put tp2 x pp2 at "
               f"{rows['resume_other']['planned_gb']:.2f} GB a rank, above 80% of the {_host_share_gb(args.world):.2f} GB "
               f"share of the host")
+    print(f"the ranks' malloc: {s.get('cpu_allocator', 'not recorded')} (rank 0's, resume_other)")
     print(f"worst rank peak / plan: {worst_ratio:.2f} (target <= 1.10)")
     if args.json:
         args.json.write_text(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "stdout"}

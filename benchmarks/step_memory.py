@@ -2,7 +2,7 @@
 stage and data-parallel degree: the data for the planner's `engine_bytes_per_param`
 (conf/cluster/cpu.yaml), at TinyLlama-1.1B's width (d 2048, 32 heads, 4 kv heads, MLP 5632).
 
-    python benchmarks/step_memory.py [--only z0-tp4 z1-dp2 ...] [--micro 2] [--optim adamw]
+    python benchmarks/step_memory.py [--only z0-tp4 z1-dp2 ...] [--micro 2] [--optim adamw] [--allocator auto]
 
 Each case builds the model on its gloo ranks (zoo.parallel.build, the engine through
 zoo.engine.initialize_engine: torch's fused AdamW, fp32), runs two steps of 4 micro-batches of
@@ -13,7 +13,9 @@ term and the runtime (zoo.plan.memory: the states, the reduce bucket where ZeRO 
 ZeRO-3's two gathered layers, the activations), and the rest: what the engine holds beyond
 them (DeepSpeed's flat gradient partitions and their fp32 copies, the gradients of a layer
 before their reduce-scatter, the allocator), which the cpu preset's engine_bytes_per_param
-gives as a + b / dp.
+gives as a + b / dp. The ranks run on the malloc zoo's launcher would give them
+(`--allocator`, run.cpu_allocator: auto preloads tcmalloc where installed; glibc's keeps much of
+what a step frees, engine_bytes_per_param_glibc).
 """
 from __future__ import annotations
 
@@ -113,8 +115,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=Path, default=None, help="print the rows of an earlier run's folder")
     parser.add_argument("--micro", type=int, default=2, help="samples of 128 tokens a micro-batch (4 a step)")
     parser.add_argument("--optim", default="adamw", choices=("adamw", "sgd"))
+    parser.add_argument("--allocator", default="auto", help="the ranks' malloc, as run.cpu_allocator")
     args = parser.parse_args(argv)
     import torch.multiprocessing as mp
+
+    from zoo.run.allocator import preload_for_ranks
+
+    allocator = preload_for_ranks(args.allocator, cuda=False)  # mp.spawn's interpreters inherit LD_PRELOAD
 
     out = str(args.rows) if args.rows else tempfile.mkdtemp(prefix="zoo-step-memory-")
     for name in [] if args.rows else args.only:
@@ -123,7 +130,7 @@ def main(argv=None) -> int:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         mp.spawn(_rank, args=(tp * dp, port, name, out, args.micro, args.optim), nprocs=tp * dp)
-    print(f"rows in {out}; micro-batch {args.micro} x 128 tokens, optim={args.optim}")
+    print(f"rows in {out}; micro-batch {args.micro} x 128 tokens, optim={args.optim}, the ranks' malloc: {allocator}")
     print(f"{'case':8} {'share M':>8} {'measured B/p':>12} {'counted B/p':>11} {'rest B/p':>9}")
     for name in args.only:
         rows = [json.loads(f.read_text()) for f in sorted(Path(out).glob(f"{name}-*.json"))]

@@ -47,6 +47,12 @@ srun_ranks() {
         ntasks=$((SLURM_JOB_NUM_NODES * SLURM_NTASKS_PER_NODE))
     fi
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+    # The ranks' malloc on CPU nodes (run.cpu_allocator, zoo/run/allocator.py: tcmalloc where
+    # installed, LD_PRELOAD and its settings exported here; srun passes them on). A bad value
+    # ends the job here with zoo's one line.
+    local malloc_env
+    malloc_env=$("$python" -m zoo.run.allocator "${overrides[@]}") || return 2
+    eval "$malloc_env"
     export PYTHONUNBUFFERED=1
     # zoo.run.launch takes the master from the allocation's first host and the port from the job
     # id; the address is looked up once here so that N ranks do not each ask slurmctld.

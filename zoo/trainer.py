@@ -32,7 +32,7 @@ from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
 from zoo.parallel.topology import Layout, tp_group
-from zoo.run import signals
+from zoo.run import allocator, signals
 from zoo.run.checkpoint_interval import interval_policy
 from zoo.run.quiet import held_stdout
 
@@ -582,6 +582,7 @@ class Trainer:
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
             # the largest rank's, which rank, and every rank's: memory is planned from the largest
             "peak_mem_bytes": peaks[top], "peak_mem_rank": top, "peak_mem_bytes_per_rank": peaks,
+            **({"cpu_allocator": allocator.in_use()} if self.device.type == "cpu" else {}),  # rank 0's malloc
             # the same at the end of the training loop: what the end (the last checkpoint, the
             # final weights, evaluation, the sample) added is the difference
             "peak_mem_bytes_per_rank_training": [at_end for _, _, at_end in per_rank],

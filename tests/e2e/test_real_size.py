@@ -2,7 +2,8 @@
 TinyLlama-1.1B): parallel=auto on 4 ranks, a checkpoint, resume=auto re-planned, a resume onto
 tp2 x pp2 with the evaluation and the in-place sample, export, transformers' logits equal to
 the plain model's with the final weights; each rank's peak within 1.10x of the planner's
-estimate; building the model is a small part of a resume's start."""
+estimate; building the model is a small part of a resume's start; the ranks ran on the
+malloc run.cpu_allocator=auto picks."""
 from __future__ import annotations
 
 import json
@@ -30,3 +31,6 @@ def test_the_real_size_phases_at_a_small_shape(tmp_path, zoo_cache):
         start = rows[name]["summary"]["startup"]
         assert start["model"] <= 0.10 * start["total"], (name, start)
     assert "worst rank peak / plan" in out.stdout
+    from zoo.run.allocator import resolve  # the ranks ran on the malloc zoo's launcher preloads
+
+    assert {rows[name]["summary"]["cpu_allocator"] for name in rows if "summary" in rows[name]} == {resolve("auto")[0]}

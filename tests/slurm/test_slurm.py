@@ -137,6 +137,9 @@ def test_debug_cpu_trains_tiny_gpt_on_four_ranks(reference_run):
     assert (summary["world_size"], summary["dp"], summary["steps"]) == (4, 4, 30), summary
     assert math.isfinite(summary["final_loss"]) and summary["final_loss"] < _losses(job.run_dir)[0][1]
     assert f"zoo: job {job.id} (restart 0)" in job.log and "1 threads each" in job.log
+    from zoo.run.allocator import resolve  # srun_ranks.sh gave the ranks run.cpu_allocator=auto's malloc
+
+    assert summary["cpu_allocator"] == resolve("auto")[0]
 
 
 def test_a_hydra_sweep_through_the_submitit_launcher_runs_each_layout_as_a_slurm_job(slurm, tmp_path):
@@ -164,6 +167,8 @@ def test_a_hydra_sweep_through_the_submitit_launcher_runs_each_layout_as_a_slurm
 STUB = '''#!{python}
 import json, os, signal, sys, time
 
+if sys.argv[1:3] == ["-m", "zoo.run.allocator"]:  # srun_ranks.sh asks for the ranks' malloc: none here
+    sys.exit(0)
 args = sys.argv[3:]  # after -m zoo.train
 run_dir = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")][-1]
 os.makedirs(run_dir, exist_ok=True)

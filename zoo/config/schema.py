@@ -315,6 +315,11 @@ class RunConfig:
     mtbf_hours: Optional[float] = None
     """The job's mean time between failures, in hours (a node's MTBF over the job's nodes):
     checkpoint.every=auto sets the interval from it."""
+    cpu_allocator: str = "auto"
+    """The malloc of CPU ranks that zoo's launcher (and slurm/srun_ranks.sh) starts: auto
+    (tcmalloc, else jemalloc, else glibc's own), tcmalloc, jemalloc or glibc. glibc keeps much of
+    what a step frees (a TinyLlama-1.1B rank: 5.5 GB against tcmalloc's 4.2); the planner counts
+    the one the ranks get (zoo/run/allocator.py). GPU ranks: unused."""
 
 
 @dataclass

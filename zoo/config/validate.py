@@ -155,6 +155,10 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
 
         require(dist.is_mpi_available(), "parallel.backend=mpi: this torch was built without MPI; use "
                                           "parallel.backend=gloo (CPU) or nccl (CUDA), or null")
+    if not cuda_available:  # an unknown name, or a named malloc this machine lacks
+        from zoo.run.allocator import resolve
+
+        resolve(cfg.run.cpu_allocator)
     from zoo.engine.schedules import SCHEDULES
 
     require(cfg.optim.name in ("adamw", "sgd"),

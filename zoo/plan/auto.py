@@ -48,9 +48,10 @@ def world_of(parallel, launcher_world: Optional[int], launcher_per_node: Optiona
     return world, world
 
 
-def _cluster(cuda: bool, world: int, per_node: int, device_bytes: float, host_bytes: float):
-    """The planner's machines for this world: this machine's preset, with the world's shape and memory."""
-    base = machine_preset(cuda)
+def _cluster(cuda: bool, world: int, per_node: int, device_bytes: float, host_bytes: float, allocator: str):
+    """The planner's machines for this world: this machine's preset (its engine term measured
+    with the ranks' malloc), with the world's shape and memory."""
+    base = machine_preset(cuda, allocator)
     return dataclasses.replace(base, name=f"{world} rank(s) here", nodes=world // per_node, gpus_per_node=per_node,
                                gpu_mem_gb=device_bytes / GB, host_mem_gb=host_bytes / GB)
 
@@ -101,7 +102,10 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     kept = _restrictions(cfg, given)
     if kept.get("micro_batch_sizes") == ["auto"]:
         kept.pop("micro_batch_sizes")
-    plan_cfg = PlanRunConfig(model=cfg.model, cluster=_cluster(cuda, world, per_node, device_bytes, host_bytes),
+    from zoo.run.allocator import planned
+
+    cluster = _cluster(cuda, world, per_node, device_bytes, host_bytes, planned(cfg.run.cpu_allocator, cuda, world))
+    plan_cfg = PlanRunConfig(model=cfg.model, cluster=cluster,
                              precision=cfg.precision, trainer=cfg.trainer, optim=cfg.optim,
                              plan=dataclasses.replace(PlanConfig(), vocab_size=vocab_size, measure=cfg.plan.measure,
                                                       measure_steps=cfg.plan.measure_steps,
@@ -117,10 +121,12 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
         fixes = ["more ranks (parallel.world_size, or the launcher's)"]
         fixes += [] if smallest.layout.activation_checkpointing else ["model.activation_checkpointing=true"]
         fixes += ["a smaller trainer.global_batch_size"] + _fitting_changes(plan_cfg)
+        need, usable = smallest.mem.total / GB, plan.usable_bytes / GB
+        digits = 2 if round(need, 2) != round(usable, 2) else 3  # never "needs 5.06 GB, 5.06 GB is usable"
         raise ConfigError(f"parallel=auto: no layout of {world} rank(s){' with ' + named if named else ''} fits: the "
-                          f"smallest needs {smallest.mem.total / GB:.2f} GB a rank (tp={smallest.layout.tp} "
+                          f"smallest needs {need:.{digits}f} GB a rank (tp={smallest.layout.tp} "
                           f"pp={smallest.layout.pp} dp={smallest.layout.dp} zero_stage={smallest.layout.zero_stage}), "
-                          f"{plan.usable_bytes / GB:.2f} GB is usable ({plan.plan.mem_fraction:.0%} of "
+                          f"{usable:.{digits}f} GB is usable ({plan.plan.mem_fraction:.0%} of "
                           f"{device_bytes / GB:.2f} GB); try {', '.join(fixes)}")
     reason = reasons(plan)[0]
     if cfg.plan.measure is not None:

@@ -74,7 +74,11 @@ class ClusterConfig:
     bytes a parameter of a rank's tp/pp share, for ZeRO stages 0-3: [a, b] is a + b / dp
     (DeepSpeed's flat gradient partitions and their fp32 copies, gradients before their
     reduce-scatter, the allocator). Measured by benchmarks/step_memory.py; 0 unless a preset
-    sets it (the cpu preset's is measured; not measured on a GPU yet)."""
+    sets it (the cpu preset's is measured; not measured on a GPU yet). On CPU with the malloc
+    zoo's launcher preloads (run.cpu_allocator: tcmalloc or jemalloc)."""
+    engine_bytes_per_param_glibc: Optional[List[List[float]]] = None
+    """The same where CPU ranks run on glibc's malloc, which keeps much of what a step frees
+    (zoo/run/allocator.py); None: engine_bytes_per_param."""
     measured: Optional[str] = None
     """Where and when runtime_gb and the two overheads were measured (the date and the device,
     e.g. `2026-12-05, the 2-core CPU machine`); None: not measured, so they are 0 and the plan
@@ -210,8 +214,12 @@ def check_plan(cfg: PlanRunConfig) -> None:
     _positive(p.zero_bucket_elems, "plan.zero_bucket_elems", "DeepSpeed's default is 500000000")
 
 
-def machine_preset(cuda: bool):
+def machine_preset(cuda: bool, allocator: str = "tcmalloc"):
     """This machine's cluster preset (a ClusterConfig): the cpu preset (this machine's measured
-    speeds and fixed costs) on CPU, the h200 preset on CUDA."""
+    speeds and fixed costs) on CPU, the h200 preset on CUDA; its engine term the one measured
+    with the ranks' malloc (`allocator`, zoo.run.allocator.planned)."""
     preset = OmegaConf.load(CLUSTERS / ("h200.yaml" if cuda else "cpu.yaml"))
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), preset))
+    out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), preset))
+    if allocator == "glibc" and out.engine_bytes_per_param_glibc is not None:
+        out.engine_bytes_per_param = out.engine_bytes_per_param_glibc
+    return out
