@@ -1,0 +1,193 @@
+"""Downstream tasks as local files (issue #55): the schema, the reader that checks it line by
+line, the converters from the common published formats, and a task generated from the
+built-in corpus for this machine's tests and the offline default.
+
+A task file is JSON Lines, one example a line, all of one kind:
+
+    {"context": "The capital of France is", "choices": [" Paris", " Rome"], "gold": 0}
+        multiple choice: scored by each choice's summed (acc) and per-character (acc_norm)
+        log-likelihood after the context
+    {"context": "He raised his glass and drank the", "continuation": " wine"}
+        continuation (LAMBADA-style): is the greedy continuation this one, and its perplexity
+
+A choice or continuation carries its own leading space, as the harness's do. A mistake is one
+line naming the file, the line and the fix (DataError: exit 2 before training starts).
+
+    python -m zoo.evaluate.tasks convert hellaswag IN.jsonl OUT.jsonl   # also arc, piqa, lambada
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Tuple
+
+from zoo.run.errors import DataError
+
+CHOICE, CONTINUATION = "choice", "continuation"
+
+
+@dataclass(frozen=True)
+class Example:
+    context: str
+    choices: Tuple[str, ...]  # a continuation example: its one continuation
+    gold: int
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # CHOICE or CONTINUATION
+    examples: Tuple[Example, ...]
+
+
+def _example(record, where: str) -> Tuple[str, Example]:
+    """(kind, example) of one parsed line; DataError naming `where` (file:line) and the fix."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a {type(record).__name__}, not an object: give {{\"context\": ..., \"choices\": "
+                        f"[...], \"gold\": N}} or {{\"context\": ..., \"continuation\": ...}}")
+    context = record.get("context")
+    if not isinstance(context, str) or not context:
+        raise DataError(f"{where}: no \"context\" (a non-empty string): the text the model continues")
+    has_choices, has_cont = "choices" in record, "continuation" in record
+    if has_choices == has_cont:
+        raise DataError(f"{where}: give either \"choices\" and \"gold\" (multiple choice) or \"continuation\" "
+                        f"(LAMBADA-style), {'not both' if has_choices else 'found neither'}")
+    if has_cont:
+        cont = record["continuation"]
+        if not isinstance(cont, str) or not cont.strip():
+            raise DataError(f"{where}: \"continuation\" must be a non-empty string (with its leading space: \" wine\")")
+        return CONTINUATION, Example(context, (cont,), 0)
+    choices = record["choices"]
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
+        raise DataError(f"{where}: \"choices\" must be a list of at least 2 non-empty strings, got "
+                        f"{json.dumps(choices)[:80]}")
+    gold = record.get("gold")
+    if isinstance(gold, bool) or not isinstance(gold, int):
+        raise DataError(f"{where}: \"gold\" must be the index of the right choice (an integer 0-{len(choices) - 1}), "
+                        f"got {json.dumps(gold)}")
+    if not 0 <= gold < len(choices):
+        raise DataError(f"{where}: \"gold\": {gold} is out of range for {len(choices)} choices: give 0-{len(choices) - 1}")
+    return CHOICE, Example(context, tuple(choices), gold)
+
+
+def read_task(path) -> Task:
+    """The task in the JSON Lines file `path`, every line checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"task file {path} does not exist: give a JSON Lines file (python -m zoo.evaluate.tasks "
+                        f"convert FORMAT IN OUT makes one from HellaSwag, ARC, PIQA or LAMBADA records)")
+    kind, first, examples = None, 0, []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not JSON ({err.msg} at column {err.colno}): one object a line") from None
+            this, example = _example(record, where)
+            if kind is None:
+                kind, first = this, number
+            elif this != kind:
+                raise DataError(f"{where}: a {this} example where line {first} is a {kind} one: one kind a file "
+                                f"(split them into two task files)")
+            examples.append(example)
+    if not examples:
+        raise DataError(f"{path}: no examples: one JSON object a line")
+    return Task(path.stem, kind, tuple(examples))
+
+
+# The published formats, as the hub's datasets and lm-evaluation-harness hold them.
+def _hellaswag(r: dict) -> dict:
+    ctx = r.get("ctx") or f"{r['ctx_a']} {r['ctx_b'].capitalize()}".strip()
+    return {"context": ctx, "choices": [" " + e for e in r["endings"]], "gold": int(r["label"])}
+
+
+def _arc(r: dict) -> dict:
+    labels = list(r["choices"]["label"])
+    return {"context": f"Question: {r['question']}\nAnswer:", "choices": [" " + t for t in r["choices"]["text"]],
+            "gold": labels.index(r["answerKey"])}
+
+
+def _piqa(r: dict) -> dict:
+    return {"context": f"Question: {r['goal']}\nAnswer:", "choices": [" " + r["sol1"], " " + r["sol2"]],
+            "gold": int(r["label"])}
+
+
+def _lambada(r: dict) -> dict:
+    context, _, last = r["text"].rpartition(" ")
+    return {"context": context, "continuation": " " + last}
+
+
+FORMATS: Dict[str, Callable[[dict], dict]] = {"hellaswag": _hellaswag, "arc": _arc, "piqa": _piqa,
+                                              "lambada": _lambada}
+
+
+def convert(fmt: str, records: Iterable[dict]) -> List[dict]:
+    """zoo's task records from `fmt`'s (FORMATS)."""
+    if fmt not in FORMATS:
+        raise DataError(f"format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
+    out = []
+    for number, r in enumerate(records, 1):
+        try:
+            out.append(FORMATS[fmt](r))
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(f"record {number} is not a {fmt} record ({type(err).__name__}: {err}): its fields are "
+                            f"those of the hub's {fmt} dataset") from None
+    return out
+
+
+KEYWORDS = ("if", "for", "while", "return", "import", "class", "def", "try", "with", "lambda", "yield", "raise")
+
+
+def python_keywords(n: int = 200, seed: int = 0, text: str | None = None) -> List[dict]:
+    """A multiple-choice task from the Python documentation inside CPython (the default
+    corpus): the context is the text before a keyword in code or prose (up to 160 characters,
+    from a word's start; context + the right choice is the text), the choices that keyword and
+    three others: a model that learned the corpus does better than the chance 25%."""
+    if text is None:
+        from pydoc_data.topics import topics
+
+        text = "\n".join(topics[k] for k in sorted(topics))
+    rng = random.Random(seed)
+    spots = [m for m in re.finditer(r"(?<= )(" + "|".join(KEYWORDS) + r")(?= )", text) if m.start() > 160]
+    rng.shuffle(spots)
+    out = []
+    for m in spots[:n]:
+        start = text.find(" ", m.start() - 160) + 1
+        others = rng.sample([k for k in KEYWORDS if k != m.group(1)], 3)
+        choices = [m.group(1), *others]
+        rng.shuffle(choices)
+        out.append({"context": text[start:m.start() - 1], "choices": [" " + c for c in choices],  # as the text has it
+                    "gold": choices.index(m.group(1))})
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m zoo.evaluate.tasks convert {" + ",".join(FORMATS) + "} IN.jsonl OUT.jsonl"
+    if len(argv) != 4 or argv[0] != "convert":
+        print(usage, file=sys.stderr)
+        return 2
+    _, fmt, src, dst = argv
+    try:
+        if not Path(src).is_file():
+            raise DataError(f"{src} does not exist: give the {fmt} records as JSON Lines")
+        records = [json.loads(line) for line in Path(src).read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = convert(fmt, records)
+    except (DataError, json.JSONDecodeError) as err:
+        print(f"zoo: error: {err}", file=sys.stderr)
+        return 2
+    Path(dst).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    read_task(dst)  # what it wrote reads back
+    print(f"zoo: wrote {len(rows)} {fmt} examples to {dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
