@@ -4,7 +4,7 @@ torch allocates CPU tensors with the C library's malloc. glibc's keeps much of w
 frees: after a large block is freed its mmap threshold rises (up to 32 MB), later tensors below
 it come from its heap, and the backward's transients leave that heap fragmented. At
 TinyLlama-1.1B's shape on 4 CPU ranks (tp4) a rank then held 5.2-5.5 GB where tcmalloc held
-4.2 GB, and its steps were slower (benchmarks/results/cpu-2core.txt, session 27). tcmalloc
+4.2 GB (benchmarks/results/cpu-2core.txt, session 27). tcmalloc
 and jemalloc return the freed memory; the launcher preloads one (LD_PRELOAD) into the ranks
 it starts, so the planner's CPU memory terms (conf/cluster/cpu.yaml) are measured with it.
 

@@ -149,7 +149,7 @@ def _preload_allocator(choice: str) -> None:
     if preload_for_ranks(choice, torch.cuda.is_available()) == "glibc" and choice == "auto":
         print(f"zoo: note: the ranks run on glibc's malloc (no tcmalloc or jemalloc here), which keeps much of what a "
               f"step frees (TinyLlama-1.1B, 4 ranks: 5.5 GB a rank against 4.2 with tcmalloc); the plan counts it. "
-              f"Install {PACKAGES['tcmalloc']} for less memory and faster CPU steps", file=sys.stderr, flush=True)
+              f"Install {PACKAGES['tcmalloc']} for less memory", file=sys.stderr, flush=True)
 
 
 START_METHOD_ENV = "ZOO_START_METHOD"
