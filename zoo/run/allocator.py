@@ -103,9 +103,10 @@ def with_preload(path: Optional[str], env=None) -> str:
 def preload_for_ranks(choice: str, cuda: bool) -> str:
     """The allocator the ranks this launcher starts will run on, with LD_PRELOAD set in this
     process's environment for them (the forkserver or spawned interpreter inherits it; a forked
-    rank does not: it keeps this process's malloc). GPU ranks: left as they are."""
+    rank does not: it keeps this process's malloc). GPU ranks: left as they are, `caching`
+    (their tensors live in torch's caching allocator), as `planned` names them."""
     if cuda:
-        return in_use()
+        return "caching"
     name, path = resolve(choice)
     for key, value in ranks_env(name, path).items():
         os.environ[key] = value
