@@ -20,18 +20,20 @@ if TYPE_CHECKING:
 GPT2_VOCAB = 50257
 
 
-def machine_costs(allocator: str = "tcmalloc") -> Tuple[float, bool, list]:
+def machine_costs(cpu_allocator: str = "auto", world: Optional[int] = None) -> Tuple[float, bool, list]:
     """(a rank's runtime bytes, resident_on_write, engine_bytes_per_param) of this machine's
     cluster preset (zoo.plan.settings.machine_preset), the ones parallel=auto plans with. A named
     layout's estimate (the dry run, the over-memory refusal, the out-of-memory line) counts them
     too: without them it charged a CPU rank DeepSpeed's whole 2 GB reduce bucket and left out
-    the 0.32 GB runtime, where parallel=auto did neither. `allocator`: the CPU ranks' malloc
-    (zoo.run.allocator.planned)."""
+    the 0.32 GB runtime, where parallel=auto did neither. `cpu_allocator` (run.cpu_allocator)
+    and the `world` of ranks: the malloc they will run on (zoo.run.allocator.planned)."""
     import torch
 
     from zoo.plan.settings import machine_preset
+    from zoo.run.allocator import planned
 
-    preset = machine_preset(torch.cuda.is_available(), allocator)
+    cuda = torch.cuda.is_available()
+    preset = machine_preset(cuda, planned(cpu_allocator, cuda, world))
     return preset.runtime_gb * 1e9, preset.resident_on_write, preset.engine_bytes_per_param
 
 
@@ -83,12 +85,7 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
         meta = hf_meta(model.init_from, family(model.family), model.vocab_pad_multiple)  # padded as imported
         keys = {f.name for f in dataclasses.fields(model)}
         model, vocab_size = dataclasses.replace(model, **{k: v for k, v in meta.items() if k in keys}), meta["vocab_size"]
-    import torch
-
-    from zoo.run.allocator import planned
-
-    allocator = planned(cfg.run.cpu_allocator, torch.cuda.is_available(), layout.world_size)
-    runtime, resident_on_write, engine = machine_costs(allocator)
+    runtime, resident_on_write, engine = machine_costs(cfg.run.cpu_allocator, layout.world_size)
     fits, mem = predict_fit(model, layout, max(1, micro), cfg.precision.dtype, device_mem_bytes,
                             grad_accum=max(1, accum), sequence_parallel=cfg.parallel.sequence_parallel,
                             vocab_size=vocab_size, mem_fraction=mem_fraction,
