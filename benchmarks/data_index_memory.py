@@ -1,7 +1,7 @@
 """What a training rank holds to index a large prepared corpus: the split into train and
 held-out blocks and the epoch's sample order, against the arrays it held before.
 
-    python benchmarks/data_index_memory.py [--tokens 100e9] [--block-size 2048] [--eval-fraction 0.01]
+    python benchmarks/data_index_memory.py [--tokens 100e9] [--block-size 2048] [--eval-fraction 0.01] [--family bert]
 
 A prepared directory of --tokens uint16 tokens is written as sparse shards of 2 GB (no disk
 used, every token 0: the index never reads a token it does not train on), and each way of
@@ -18,6 +18,13 @@ data_pipelines.prepare.PreparedBlocks and data_pipelines.schedule.SampleStream a
 the same blocks (tests/unit/data/test_block_index.py), and since session 26 the epoch's
 order computed at the positions read (data_pipelines.permutation), another order than the
 permutation's, which SampleStream(order="numpy") still gives for runs that began with it.
+
+--family bert: BERT over the same prepared directory (each block one `[CLS] block [SEP]`
+sample, length-bucketed batches). "before": data_pipelines.mlm.PackedMLMSamples as it was
+(np.arange of the train and held-out sample numbers, np.full of every length), the task's
+lengths of the train samples and the whole-epoch BucketedStream (kept for runs that began
+with it); "now": IndexRange sample numbers, lengths by arithmetic, and PooledBuckets
+(data_pipelines.bucket_stream), which sorts only the pool of the batch read.
 """
 from __future__ import annotations
 
@@ -89,11 +96,40 @@ def child(way: str, directory: Path, block_size: int, eval_fraction: float) -> d
             "rss_mb": rss_mb() - rss0}
 
 
+def child_bert(way: str, directory: Path, block_size: int, eval_fraction: float) -> dict:
+    from data_pipelines.bucket_stream import PooledBuckets
+    from data_pipelines.mlm import BucketedStream, PackedMLMSamples
+
+    rss0 = rss_mb()
+    tracemalloc.start()
+    samples = PackedMLMSamples(directory, block_size + 1, eval_fraction, cls_id=1, sep_id=2)  # blocks as GPT's
+    n_train, n_eval = len(samples.train), len(samples.eval)
+    if way == "before":
+        train, held = np.arange(n_train), np.arange(n_train, n_train + n_eval)
+        lengths = np.full(n_train + n_eval, block_size + 1, dtype=np.int64)
+        stream = BucketedStream(lengths[train], global_batch=GLOBAL_BATCH, seed=0)
+        kept = (train, held, lengths, stream)
+    else:
+        stream = PooledBuckets(n_train, lambda p: samples.length_of(samples.train[p]), global_batch=GLOBAL_BATCH,
+                               seed=0)
+        kept = (stream,)
+    first = stream.indices(0, GLOBAL_BATCH)
+    rows = np.stack([samples.tokens(int(samples.train[int(i)]))[0] for i in first[:MICRO_BATCH]])
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert rows.shape == (MICRO_BATCH, block_size + 1) and kept
+    return {"way": way, "blocks": n_train + n_eval, "train_blocks": n_train,
+            "first_samples": [int(s) for s in first[:4]], "heap_mb": current / 1e6, "heap_peak_mb": peak / 1e6,
+            "rss_mb": rss_mb() - rss0}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=float, default=100e9, help="tokens in the corpus (default 100e9)")
     p.add_argument("--block-size", type=int, default=2048)
     p.add_argument("--eval-fraction", type=float, default=0.01)
+    p.add_argument("--family", choices=("gpt", "bert"), default="gpt",
+                   help="gpt: blocks in a shuffled order (default); bert: [CLS] block [SEP] samples, length-bucketed")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.tokens < 2 * (a.block_size + 1) or a.block_size < 1 or not 0 <= a.eval_fraction < 1:
@@ -101,7 +137,8 @@ def main() -> None:
                 f"--eval-fraction {a.eval_fraction} lie in [0, 1): give e.g. --tokens 100e9 --block-size 2048 "
                 f"--eval-fraction 0.01")
     if a.child:
-        print(json.dumps(child(a.child[0], Path(a.child[1]), a.block_size, a.eval_fraction)))
+        build = child_bert if a.family == "bert" else child
+        print(json.dumps(build(a.child[0], Path(a.child[1]), a.block_size, a.eval_fraction)))
         return
     tokens = int(a.tokens)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
@@ -109,13 +146,14 @@ def main() -> None:
         res = {}
         for way in ("before", "now"):
             out = subprocess.run([sys.executable, __file__, "--tokens", str(a.tokens), "--block-size",
-                                  str(a.block_size), "--eval-fraction", str(a.eval_fraction), "--child", way,
+                                  str(a.block_size), "--eval-fraction", str(a.eval_fraction), "--family", a.family,
+                                  "--child", way,
                                   str(Path(tmp) / "corpus")], capture_output=True, text=True, cwd=REPO, check=True)
             res[way] = json.loads(out.stdout.strip().splitlines()[-1])
     b, n = res["before"], res["now"]
     assert b["blocks"] == n["blocks"] and b["train_blocks"] == n["train_blocks"], (b, n)
     blocks = n["blocks"]
-    print(f"corpus: {tokens / 1e9:,.0f}B tokens, {blocks:,} blocks of {a.block_size + 1} "
+    print(f"{a.family}: corpus: {tokens / 1e9:,.0f}B tokens, {blocks:,} blocks of {a.block_size + 1} "
           f"({n['train_blocks']:,} trained on), eval_fraction {a.eval_fraction}; the same blocks either way")
     print(f"{'a rank indexing it':22} {'heap MB':>9} {'heap peak MB':>13} {'RSS MB':>8} {'bytes/block':>12}")
     for r in (b, n):

@@ -14,9 +14,10 @@ It runs on one sample at a time with a generator seeded by (seed, split, epoch, 
 a sample's masks do not depend on the rank, micro-batch or padding it lands in, and
 change from epoch to epoch (dynamic masking).
 
-Batches. The training order is `BucketedBatchSampler`'s: shuffled, length-sorted pools cut
-into global batches of similar lengths, so the micro-batches cut from a global batch are
-padded (to their longest sample) very little. Inputs are one (B, 2, T) tensor: token ids
+Batches. The training order is data_pipelines.bucket_stream's: shuffled, length-sorted pools
+cut into global batches of similar lengths, so the micro-batches cut from a global batch are
+padded (to their longest sample) very little; computed a pool at a time (`BucketedStream`
+below, the whole epoch at once, is the order of runs started before it). Inputs are one (B, 2, T) tensor: token ids
 and token types.
 """
 from __future__ import annotations
@@ -91,7 +92,17 @@ class MLMSamples:
 
     @property
     def lengths(self) -> np.ndarray:
+        """Every sample's length (O(samples): for tests and the legacy whole-epoch order)."""
         return np.diff(self.offsets)
+
+    def length_of(self, numbers: np.ndarray) -> np.ndarray:
+        """Lengths of the samples `numbers`, read from the memory-mapped offsets."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        return np.asarray(self.offsets[numbers + 1]) - np.asarray(self.offsets[numbers])
+
+    def tokens_of(self, numbers, chunk: int = 1 << 20) -> int:
+        """Tokens of the samples `numbers` (an index array), summed a chunk at a time."""
+        return sum(int(self.length_of(numbers[i:i + chunk]).sum()) for i in range(0, len(numbers), chunk))
 
     def tokens(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
         """(token ids, token types) of sample i."""
@@ -153,6 +164,28 @@ def prepare_mlm_samples(docs: List[str], tokenizer_dir: str, *, block_size: int,
     return cached_dir(entry, build)
 
 
+class IndexRange:
+    """range(start, stop) indexed like an array (`r[positions]`), without holding it: a prepared
+    file's train and held-out sample numbers (an np.arange is 8 B a block on every rank)."""
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop = start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, positions):
+        if isinstance(positions, slice):
+            lo, hi, step = positions.indices(len(self))
+            if step == 1:
+                return IndexRange(self.start + lo, self.start + max(lo, hi))
+            positions = np.arange(lo, hi, step)
+        at = np.asarray(positions, dtype=np.int64)
+        if at.size and (at.min() < 0 or at.max() >= len(self)):
+            raise IndexError(f"positions outside [0, {len(self)})")
+        return self.start + at
+
+
 class PackedMLMSamples:
     """MLMSamples' interface over a prepared token file (data=prepared): every block of
     block_size - 2 tokens is one segment, `[CLS] block [SEP]`, read from the memory map when
@@ -165,11 +198,17 @@ class PackedMLMSamples:
         blocks = PreparedBlocks(directory, block_size - 3, eval_fraction, eval_directory)  # rows of block_size - 2
         self.blocks, self.cls_id, self.sep_id = blocks, cls_id, sep_id
         n_train, n_eval = len(blocks.train), len(blocks.eval)
-        self.train, self.eval = np.arange(n_train), np.arange(n_train, n_train + n_eval)
-        self.lengths = np.full(n_train + n_eval, block_size, dtype=np.int64)
+        self.train, self.eval = IndexRange(0, n_train), IndexRange(n_train, n_train + n_eval)
+        self.block_size = block_size
         self.unigram_counts = blocks.unigram_counts
         self.meta = {"documents": blocks.meta["documents"], "samples": n_train + n_eval, "pairs": 0,
                      "block_size": block_size, "train_samples": n_train, "eval_samples": n_eval}
+
+    def length_of(self, numbers: np.ndarray) -> np.ndarray:
+        return np.full(len(numbers), self.block_size, dtype=np.int64)
+
+    def tokens_of(self, numbers) -> int:
+        return len(numbers) * self.block_size
 
     def tokens(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
         n_train = len(self.train)
@@ -239,11 +278,14 @@ class BucketedStream:
     epochs) over length-bucketed global batches: epoch e is `BucketedBatchSampler`'s global
     batches of `global_batch` samples for (seed, e), one after another, each in ascending
     length, so consecutive samples (a micro-batch) have similar lengths. Layout-free: the
-    global batch is fixed, whatever dp, tp or pp."""
+    global batch is fixed, whatever dp, tp or pp. Holds the epoch's order and every sample's
+    length (O(samples) a rank): the order of runs started before `PooledBuckets`, kept so
+    their checkpoints go on as they began."""
 
     order = "bucketed"  # what a checkpoint records (the trainer's data_order)
 
     def __init__(self, lengths: np.ndarray, *, global_batch: int, seed: int):
+        self.lengths = np.asarray(lengths)
         self.sampler = BucketedBatchSampler(np.asarray(lengths), batch_size=global_batch, dp_rank=0, dp_size=1,
                                             seed=seed)
         self.per_epoch = len(self.sampler) * global_batch
@@ -266,14 +308,13 @@ class BucketedStream:
             done += take
         return out
 
-    def padding_efficiency(self, lengths: np.ndarray, samples: int, micro_batch: int,
-                           pad_to: Optional[int] = None) -> float:
+    def padding_efficiency(self, samples: int, micro_batch: int, pad_to: Optional[int] = None) -> float:
         """Real tokens / padded slots of the stream's first `samples` samples in micro-batches of
         `micro_batch`, each padded to its longest sample (or to `pad_to`); one epoch at a time."""
         if samples % micro_batch or self.per_epoch % micro_batch:
             raise ValueError(f"micro_batch={micro_batch} must divide samples={samples} and the epoch "
                              f"({self.per_epoch} samples)")
-        lengths = np.asarray(lengths)
+        lengths = self.lengths
         real = slots = 0
         for epoch in range(-(-samples // self.per_epoch)):
             per_batch = lengths[self.epoch_order(epoch)[:samples - epoch * self.per_epoch]].reshape(-1, micro_batch)

@@ -32,13 +32,16 @@ class FeistelOrder:
     """order(positions) -> the samples at those positions of a permutation of range(n) keyed
     by (seed, epoch): every sample exactly once an epoch, a different order each epoch."""
 
-    def __init__(self, n: int, seed: int, epoch: int):
+    def __init__(self, n: int, seed: int, epoch: int, salt: int = 0):
+        """`salt` > 0 keys an independent permutation of the same (seed, epoch), e.g. the order
+        of an epoch's batches beside the order of its samples; 0 is the samples' key."""
         if n <= 0:
             raise ValueError(f"a permutation of {n} elements")
         half = max(1, -(-max(n - 1, 1).bit_length() // 2))
         self.n, self.half = n, np.uint64(half)
         self.mask = np.uint64((1 << half) - 1)
-        self.keys = np.random.SeedSequence([seed, epoch]).generate_state(ROUNDS, dtype=np.uint64)
+        entropy = [seed, epoch, salt] if salt else [seed, epoch]
+        self.keys = np.random.SeedSequence(entropy).generate_state(ROUNDS, dtype=np.uint64)
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self.half, x & self.mask

@@ -72,12 +72,17 @@ class SampleStream:
         return out
 
 
-def restore_order(stream, saved: Optional[str]) -> None:
-    """A resumed run keeps the order its checkpoint was written with (`data_order` in its
-    state.json; none recorded: "numpy", the only order then), so an epoch it is inside
-    goes on as it began. Streams of another kind (BERT's bucketed one) have their own."""
-    if isinstance(stream, SampleStream) and stream.shuffle:
-        stream.order = saved if saved in ORDERS else "numpy"
+def restore_order(stream, saved: Optional[str]):
+    """The stream a resumed run goes on with: the order its checkpoint was written with
+    (`data_order` in its state.json; none recorded: "numpy", the only order then), so an
+    epoch it is inside goes on as it began. Streams of another kind (BERT's bucketed ones)
+    say themselves (`restored`)."""
+    if isinstance(stream, SampleStream):
+        if stream.shuffle:
+            stream.order = saved if saved in ORDERS else "numpy"
+        return stream
+    restored = getattr(stream, "restored", None)
+    return restored(saved) if restored else stream
 
 
 def micro_batch_start(consumed: int, micro: int, *, global_batch: int, micro_batch: int, dp_rank: int,

@@ -157,7 +157,7 @@ class Trainer:
         took = time.perf_counter() - t0
         self.step, self.consumed = state["step"], state["consumed"]
         self.resumed_interval = state.get("checkpoint_interval")  # what checkpoint.every=auto chose
-        restore_order(self.task.stream, state.get("data_order"))
+        self.task.stream = restore_order(self.task.stream, state.get("data_order"))
         self.meta["data_order"] = getattr(self.task.stream, "order", None)  # what its next checkpoint records
         self.eval_state.update(state.get("eval") or {})
         if self.rank == 0:

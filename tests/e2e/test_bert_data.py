@@ -61,3 +61,20 @@ def test_bert_trains_on_prepared_blocks_and_evaluates_on_a_held_out_file_of_its_
     assert s["data"]["eval_samples"] == held_tokens // (64 - 2), s["data"]
     assert s["eval_accuracy"] > s["baseline_accuracy"] > 0, s
     assert s["padding_efficiency"] == 1.0
+
+
+def test_a_bert_run_resumes_its_pooled_order_exactly(run_zoo, tmp_path):
+    """The bucketed order computed a pool at a time is recorded in the checkpoint and goes on
+    after a resume: steps 3-4 of a run stopped at step 2 equal the uninterrupted run's."""
+    common = ["model=bert", "debug=fast", "logger=none", "trainer.sample_tokens=0", "trainer.eval_batches=1",
+              "trainer.global_batch_size=12", "trainer.micro_batch_size=2", "optim.warmup_steps=1",
+              "optim.decay_steps=4", "checkpoint.every=2"]
+    whole = run_zoo(*common, "trainer.max_steps=4")
+    run_dir = tmp_path / "stopped"
+    run_zoo(*common, "trainer.max_steps=2", run_dir=run_dir)
+    resumed = run_zoo(*common, "trainer.max_steps=4", "resume=auto", run_dir=run_dir)
+    assert "at step 2" in resumed.stdout
+    state = json.loads((run_dir / "checkpoints" / "step_0000004" / "state.json").read_text())
+    assert state["data_order"] == "bucketed-pools"
+    losses = [{m["step"]: m["loss"] for m in r.metrics} for r in (whole, resumed)]
+    assert [losses[1][s] for s in (3, 4)] == [losses[0][s] for s in (3, 4)]

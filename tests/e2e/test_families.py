@@ -40,8 +40,10 @@ def test_allowed_combination_trains_and_reports(family_run, family, preset):
     assert s["steps"] == 4 and math.isfinite(s["final_loss"]) and math.isfinite(s["eval_loss"])
     assert 0.0 <= s["eval_accuracy"] <= 1.0
     if family == "bert":
-        # Batches padded to their longest sample, length-bucketed; under 3d to the block (see BertTask).
-        assert 0.0 <= s["baseline_accuracy"] <= 1.0 and (0.8 if preset == "3d" else 0.97) < s["padding_efficiency"] <= 1
+        # Batches padded to their longest sample, length-bucketed; under 3d to the block (see BertTask):
+        # then the four global batches' mean length over the block, each batch one length bucket of
+        # a pool (0.84 over the whole corpus; 0.66-0.85 for four batches of the seeds tried).
+        assert 0.0 <= s["baseline_accuracy"] <= 1.0 and (0.5 if preset == "3d" else 0.97) < s["padding_efficiency"] <= 1
         assert s["eval_loss"] < math.log(4096) + 0.1  # about uniform over the vocabulary, or better
 
 

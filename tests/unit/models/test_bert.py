@@ -162,13 +162,18 @@ def test_a_samples_masks_do_not_depend_on_its_batch(mlm):
     assert not torch.equal(y_next_epoch, y_one), "masks should change between epochs"
 
 
-def test_bucketed_batches_pad_little(mlm):
+@pytest.mark.parametrize("pooled", [True, False])
+def test_bucketed_batches_pad_little(mlm, pooled):
+    from data_pipelines.bucket_stream import PooledBuckets
     from data_pipelines.mlm import BucketedStream
     from data_pipelines.sampler import padding_efficiency
 
     samples, _, _ = mlm
     lengths = samples.lengths[samples.train]
-    stream = BucketedStream(lengths, global_batch=16, seed=0)
+    assert np.array_equal(samples.length_of(samples.train[:50]), lengths[:50])
+    assert samples.tokens_of(samples.train, chunk=7) == int(lengths.sum())
+    stream = (PooledBuckets(len(lengths), lambda p: lengths[p], global_batch=16, seed=0) if pooled
+              else BucketedStream(lengths, global_batch=16, seed=0))
     bucketed = padding_efficiency((stream.indices(s, 4) for s in range(0, stream.per_epoch, 4)), lengths)
     order = np.random.default_rng(0).permutation(len(lengths))
     shuffled = padding_efficiency((order[s:s + 4] for s in range(0, len(order) - 3, 4)), lengths)
@@ -192,12 +197,12 @@ def test_stream_padding_efficiency_equals_the_per_batch_count():
                           [stream.epoch_order(p // stream.per_epoch)[p % stream.per_epoch]
                            for p in range(stream.per_epoch - 8, stream.per_epoch + 8)])
     expected = padding_efficiency((stream.indices(s, 4) for s in starts), lengths)
-    assert stream.padding_efficiency(lengths, samples, 4) == pytest.approx(expected, rel=1e-12)
+    assert stream.padding_efficiency(samples, 4) == pytest.approx(expected, rel=1e-12)
     fixed = sum(int(lengths[stream.indices(s, 4)].sum()) for s in starts) / (len(starts) * 4 * 64)
-    assert stream.padding_efficiency(lengths, samples, 4, pad_to=64) == pytest.approx(fixed, rel=1e-12)
-    assert stream.padding_efficiency(lengths, 0, 4) == 1.0
+    assert stream.padding_efficiency(samples, 4, pad_to=64) == pytest.approx(fixed, rel=1e-12)
+    assert stream.padding_efficiency(0, 4) == 1.0
     with pytest.raises(ValueError, match="must divide"):
-        stream.padding_efficiency(lengths, samples, 3)
+        stream.padding_efficiency(samples, 3)
 
 
 def test_mean_loss_is_over_masked_positions_only():

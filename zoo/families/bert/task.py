@@ -22,6 +22,7 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
     family = "bert"
 
     def prepare(self, run_dir: Path, rank: int) -> None:
+        from data_pipelines.bucket_stream import PooledBuckets
         from data_pipelines.mlm import BucketedStream, MLMBatches
 
         cfg = self.cfg
@@ -31,17 +32,24 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
             self._prepare_documents(run_dir, rank)
         self.batches = MLMBatches(self.samples, self.tokenizer, seed=cfg.trainer.seed,
                                   mlm_probability=cfg.data.mlm_probability)
-        self.train_lengths = self.samples.lengths[self.samples.train]
-        if len(self.train_lengths) < cfg.trainer.global_batch_size:  # the length buckets hold whole global batches
+        samples, n_train, batch, seed = self.samples, len(self.samples.train), cfg.trainer.global_batch_size, cfg.trainer.seed
+        if n_train < batch:  # the length buckets hold whole global batches
             from zoo.run.errors import DataError
 
             source = f"data.path={cfg.data.path}" if cfg.data.path else f"data={cfg.data.name}"
-            raise DataError(f"{source} makes {len(self.train_lengths)} training samples of up to "
+            raise DataError(f"{source} makes {n_train} training samples of up to "
                             f"{self.shape.block_size} tokens, fewer than one global batch "
-                            f"(trainer.global_batch_size={cfg.trainer.global_batch_size}); give more text, or lower "
-                            f"trainer.global_batch_size to at most {len(self.train_lengths)}")
-        self.stream = BucketedStream(self.train_lengths, global_batch=cfg.trainer.global_batch_size,
-                                     seed=cfg.trainer.seed)
+                            f"(trainer.global_batch_size={batch}); give more text, or lower "
+                            f"trainer.global_batch_size to at most {n_train}")
+
+        def length_of(positions: np.ndarray) -> np.ndarray:  # positions in the training set
+            return samples.length_of(samples.train[positions])
+
+        def legacy() -> BucketedStream:  # the order of checkpoints written before PooledBuckets
+            return BucketedStream(length_of(np.arange(n_train)), global_batch=batch, seed=seed)
+
+        self.stream = PooledBuckets(n_train, length_of, global_batch=batch, seed=seed, legacy=legacy)
+        self.train_tokens = samples.tokens_of(samples.train)  # summed a chunk at a time
         layout = self.layout
         self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
 
@@ -114,10 +122,10 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
 
     def tokens_per_sample(self) -> int:
         """Real (unpadded) tokens of the average training sample."""
-        return int(round(float(self.train_lengths.mean())))
+        return int(round(self.train_tokens / len(self.samples.train)))
 
     def sample_noun(self) -> str:
-        return f"samples of up to {self.shape.block_size} tokens ({int(self.train_lengths.sum()):,} tokens)"
+        return f"samples of up to {self.shape.block_size} tokens ({self.train_tokens:,} tokens)"
 
     # -- batches ------------------------------------------------------------------------------
     def collate(self, split: str, indices: np.ndarray) -> Batch:
@@ -137,7 +145,7 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
         return len(self.samples.eval)
 
     def num_train(self) -> int:
-        return len(self.train_lengths)
+        return len(self.samples.train)
 
     # -- the end of a run ---------------------------------------------------------------------
     def _micro_and_dp(self) -> tuple[int, int]:
@@ -146,8 +154,8 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
     def padding_efficiency(self) -> float:
         """Real tokens / padded slots over every training micro-batch of the run."""
         t = self.cfg.trainer
-        return self.stream.padding_efficiency(self.train_lengths, t.max_steps * t.global_batch_size,
-                                              self._micro_and_dp()[0], pad_to=self.pad_to)
+        return self.stream.padding_efficiency(t.max_steps * t.global_batch_size, self._micro_and_dp()[0],
+                                              pad_to=self.pad_to)
 
     def _most_frequent_token(self) -> int:
         """The training samples' most frequent non-special token (the baseline's guess): counted
