@@ -43,6 +43,12 @@ RESULTS = [
 ]
 
 
+def task_results(runs: List["Run"]) -> list:
+    """RESULTS' rows of trainer.eval_tasks' metrics (TASK/acc, TASK/acc_norm, TASK/ppl) in any run."""
+    keys = sorted({k for r in runs for k in r.summary if "/" in k and not k.startswith("best")})
+    return [(k, k, "{:,.2f}" if k.endswith("/ppl") else "{:.1%}") for k in keys]
+
+
 @dataclass
 class Run:
     name: str
@@ -153,7 +159,7 @@ def table(runs: List[Run], heads: Optional[List[str]] = None) -> str:
     rows += [(k, [str(r.config.get(k, "<unset>")) for r in runs]) for k in differing_keys(runs)] or [
         ("(none: the runs share one config)", ["" for _ in runs])]
     rows.append(("results", None))
-    for key, label, fmt in RESULTS:
+    for key, label, fmt in RESULTS + task_results(runs):
         if any(key in r.summary for r in runs):
             rows.append((label, [_cell(r.summary.get(key), fmt) for r in runs]))
     rows.insert(0, ("run", [r.name for r in runs]))

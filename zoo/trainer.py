@@ -24,6 +24,8 @@ from zoo.config.schema import Config
 from zoo.engine import initialize_engine, micro_batching
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
+from zoo.evaluate.in_loop import task_scorer
+from zoo.evaluate.tasks import best_fields, higher_is_better
 from zoo.families.accuracy import tallied
 from zoo.families.base_task import Task
 from zoo.families.registry import family
@@ -87,11 +89,12 @@ class Trainer:
                      "native": native_checkpoint.layout_key(layout, cfg.parallel, cfg.precision.dtype),
                      "data_order": getattr(task.stream, "order", None)}
         # Periodic evaluation: the best eval loss so far, its step, evaluations since (kept in checkpoints).
-        self.eval_state = {"best": None, "best_step": None, "bad_evals": 0}
+        self.eval_state = {"best": None, "best_step": None, "bad_evals": 0, "metric": cfg.trainer.eval_metric}
         self.stopped_early = None  # the step early stopping ended the run at
         self.last_eval = None  # the latest evaluation's record
         self.training_peak = 0  # this rank's peak memory when the training loop ended
         self.eval_scores: dict = {}  # the latest evaluation's tally (the task's eval_tally), summed
+        self.scorer = task_scorer(cfg, task)  # trainer.eval_tasks, encoded once (zoo.evaluate.in_loop)
         if self.startup is not None and found is not None:  # the read is its own phase (a fresh start's
             self.startup.mark("model")  # "model" is marked by the worker, once this is built)
         self.resumed_interval = None
@@ -159,7 +162,12 @@ class Trainer:
         self.resumed_interval = state.get("checkpoint_interval")  # what checkpoint.every=auto chose
         self.task.stream = restore_order(self.task.stream, state.get("data_order"))
         self.meta["data_order"] = getattr(self.task.stream, "order", None)  # what its next checkpoint records
-        self.eval_state.update(state.get("eval") or {})
+        saved = {"metric": "eval_loss", **(state.get("eval") or {})}  # checkpoints before eval_metric: the loss
+        if saved["metric"] == self.cfg.trainer.eval_metric:
+            self.eval_state.update(saved)
+        elif saved.get("best") is not None and self.rank == 0:  # another metric's best is no best of this one
+            print(f"zoo: the checkpoint's best evaluation was by {saved['metric']} and trainer.eval_metric="
+                  f"{self.cfg.trainer.eval_metric}: the best starts afresh", flush=True)
         if self.rank == 0:
             was = state.get("layout", {})
             print(f"zoo: resumed from {path} at step {self.step} (written under tp{was.get('tp')}-pp{was.get('pp')}"
@@ -333,14 +341,32 @@ class Trainer:
         if tally is None:
             total = self._summed_eval_loss(batches)
         else:  # the loss function of the forward counts the predictions too, on the model in place
-            owner = (self.engine.module.loss_fn, "loss") if self.pipelined else (self.engine.module, "loss_fn")
-            with tallied(*owner, tally), eager(self.engine.module):
-                total = self._summed_eval_loss(batches)
+            total = self._tallied_forward(batches, tally)
             self.eval_scores = tally.totals(self.layout.tp, self.device)
         counted = sum((y != IGNORE).sum() for _, y in batches).float()
         if self.layout.dp > 1:
             dist.all_reduce(counted, group=self.dp_group)
         return (total / counted).item()
+
+    def _tallied_forward(self, batches, tally) -> torch.Tensor:
+        """`_summed_eval_loss` with `tally` observing the loss function's (logits, targets)."""
+        owner = (self.engine.module.loss_fn, "loss") if self.pipelined else (self.engine.module, "loss_fn")
+        with tallied(*owner, tally), eager(self.engine.module):
+            return self._summed_eval_loss(batches)
+
+    @torch.no_grad()
+    def score_tasks(self) -> dict:
+        """trainer.eval_tasks' metrics on the model in place (collective; zoo.evaluate.in_loop)."""
+        if self.scorer is None:
+            return {}
+        from zoo.evaluate.in_loop import score
+
+        self.engine.eval()
+        return score(self.scorer, self._tallied_forward, micro_batch=self.micro_batch_size, dp_rank=self.dp_rank,
+                     dp_size=self.layout.dp, pad_to=self.task.shape.block_size if self.pipelined else None,
+                     multiple=self.layout.tp if self.cfg.parallel.sequence_parallel else 1,
+                     tp_group=tp_group(self.grid), device=self.device, to_device=self.task._to_device,
+                     rows_file=self.run_dir / "tasks" / f"step_{self.step:07d}.jsonl" if self.rank == 0 else None)
 
     def _summed_eval_loss(self, batches) -> torch.Tensor:
         """The loss summed over the targets of this replica's held-out batches (summed over the
@@ -372,15 +398,20 @@ class Trainer:
         self.loader.wait_idle()
         with self.monitor.outside_step():
             eval_loss = self.evaluate()
+            t1 = time.perf_counter()
+            tasks = self.score_tasks()  # the same on every rank, as the loss
             record = {"step": self.step, "eval_loss": eval_loss, "eval_samples": self.task.eval_samples(),
                       **(self.task.eval_metrics(eval_loss, self.eval_scores) if self.rank == 0 else {}),
+                      **tasks, **({"tasks_time_s": time.perf_counter() - t1} if tasks else {}),
                       "eval_time_s": time.perf_counter() - t0}
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state(cuda_rng, self.device)
-            es, s = self.cfg.trainer.early_stop, self.eval_state
-            if s["best"] is None or eval_loss < s["best"] - es.min_delta:
-                s.update(best=eval_loss, best_step=self.step, bad_evals=0)
+            es, s, metric = self.cfg.trainer.early_stop, self.eval_state, self.cfg.trainer.eval_metric
+            value = record[metric]
+            if s["best"] is None or (value > s["best"] + es.min_delta if higher_is_better(metric)
+                                     else value < s["best"] - es.min_delta):
+                s.update(best=value, best_step=self.step, bad_evals=0)
                 if self.cfg.checkpoint.best:
                     self.save_checkpoint(name="best")
             else:
@@ -426,8 +457,10 @@ class Trainer:
         self.training_peak = peak_memory_bytes(self.device)
         self._end_training(clock)
         last = self.last_eval  # this step's evaluation (the last step's, or early stopping's), else one now
-        eval_loss = last["eval_loss"] if last is not None and last["step"] == self.step else self.evaluate()
-        summary = self._summary(clock, eval_loss, self.finish(eval_loss))
+        current = last is not None and last["step"] == self.step
+        eval_loss = last["eval_loss"] if current else self.evaluate()
+        tasks = {k: v for k, v in last.items() if "/" in k} if current else self.score_tasks()
+        summary = self._summary(clock, eval_loss, {**self.finish(eval_loss), **tasks})
         self.log.summary(summary)
         if self.rank == 0:
             from zoo.observe.result import result_lines
@@ -538,8 +571,11 @@ class Trainer:
 
     def _say_early_stop(self) -> None:
         s, es = self.eval_state, self.cfg.trainer.early_stop
-        self.log.write(f"zoo: early stop at step {self.step}: {s['bad_evals']} evaluations without an eval loss "
-                       f"below the best, {s['best']:.4f} (step {s['best_step']}), by more than "
+        metric = self.cfg.trainer.eval_metric
+        what = ("an eval loss below" if metric == "eval_loss" else
+                f"a {metric} {'above' if higher_is_better(metric) else 'below'}")
+        self.log.write(f"zoo: early stop at step {self.step}: {s['bad_evals']} evaluations without {what} "
+                       f"the best, {s['best']:.4f} (step {s['best_step']}), by more than "
                        f"{es.min_delta:g} (trainer.early_stop.patience={es.patience})")
 
     def _end_training(self, clock: "_LoopClock") -> None:
@@ -577,8 +613,7 @@ class Trainer:
             "params": self.task.num_params(), "params_per_rank": [n for n, _, _ in per_rank],
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,
-            **({"best_eval_loss": self.eval_state["best"], "best_eval_step": self.eval_state["best_step"]}
-               if self.eval_state["best"] is not None else {}),
+            **(best_fields(self.eval_state) if self.eval_state["best"] is not None else {}),
             **({"stopped_early_at_step": self.stopped_early} if self.stopped_early else {}),
             # the largest rank's, which rank, and every rank's: memory is planned from the largest
             "peak_mem_bytes": peaks[top], "peak_mem_rank": top, "peak_mem_bytes_per_rank": peaks,

@@ -42,7 +42,8 @@ def test_early_stop_after_patience_evaluations_and_the_best_checkpoint(run_zoo):
     assert "zoo: early stop at step 3: 2 evaluations without an eval loss below the best" in run.stdout
     assert "zoo: stopped early at step 3 (trainer.early_stop)" in run.stdout
     best = json.loads((run.run_dir / "checkpoints" / "best" / "state.json").read_text())
-    assert best["step"] == 1 and best["eval"] == {"best": s["best_eval_loss"], "best_step": 1, "bad_evals": 0}
+    assert best["step"] == 1 and best["eval"] == {"best": s["best_eval_loss"], "best_step": 1, "bad_evals": 0,
+                                                    "metric": "eval_loss"}
     assert not (run.run_dir / "checkpoints" / "latest").exists()  # best is not a resume point
 
 

@@ -270,6 +270,16 @@ class TrainerConfig:
     eval_every: int = 0
     """Evaluate on the held-out split every this many steps (0: only at the end)."""
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    eval_tasks: List[str] = field(default_factory=list)
+    """Downstream tasks scored at every evaluation, on the distributed model in place (GPT and
+    Llama): task files (JSON Lines of {context, choices, gold} or {context, continuation};
+    `python -m zoo.evaluate.tasks convert` makes them from HellaSwag, ARC, PIQA, LAMBADA) or
+    built-in names (python_keywords). Each adds TASK/acc and TASK/acc_norm (multiple choice) or
+    TASK/acc and TASK/ppl (continuation) to the evaluation's record and the summary."""
+    eval_metric: str = "eval_loss"
+    """What checkpoint.best and trainer.early_stop follow: eval_loss (lower is better) or a
+    task's metric from trainer.eval_tasks (TASK/acc, TASK/acc_norm: higher is better; TASK/ppl:
+    lower)."""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     sample_prompt: Optional[str] = None
     """The prompt of that sample; default: the first words of the first held-out document."""

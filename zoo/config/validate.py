@@ -86,6 +86,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
     if not spec.generates_text and t.sample_tokens > 0:
         warnings.append(f"trainer.sample_tokens={t.sample_tokens} is ignored: model.family={m.family} "
                         f"generates no text")
+    _check_eval_tasks(cfg, spec)
     require(layout.pp <= layers,
              f"parallel.pp={layout.pp} is more than the {layers} {what}; use pp <= {layers}")
     if layout.pp > 1:
@@ -107,6 +108,33 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
 
     warnings += check_raw_keys(cfg, layout)
     return warnings
+
+
+def _check_eval_tasks(cfg: Config, spec) -> None:
+    """trainer.eval_tasks: a causal language model, evaluation on, each task readable (its file
+    checked line by line), no name twice; trainer.eval_metric one the run reports."""
+    t = cfg.trainer
+    if t.eval_tasks:
+        from zoo.evaluate.tasks import load_task
+
+        require(spec.generates_text, f"trainer.eval_tasks scores what a language model continues and "
+                                     f"model.family={cfg.model.family} continues no text; use model=gpt or "
+                                     f"model=llama, or set trainer.eval_tasks=[]")
+        require(t.eval_batches != 0, "trainer.eval_tasks are scored at evaluations and trainer.eval_batches=0 "
+                                     "turns them off; leave trainer.eval_batches unset (or > 0)")
+        tasks = [load_task(str(entry)) for entry in t.eval_tasks]
+        names = [task.name for task in tasks]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"trainer.eval_tasks names {twice[0]!r} twice (a task is named by its file's stem): "
+                              f"rename one of the files")
+    if t.eval_metric != "eval_loss":
+        from zoo.evaluate.tasks import metric_names
+
+        known = ["eval_loss"] + (metric_names(tasks) if t.eval_tasks else [])
+        require(t.eval_metric in known, f"trainer.eval_metric={t.eval_metric!r} is none of the run's metrics; "
+                                        f"choose one of {known}" + ("" if t.eval_tasks else
+                                                                   " (a task's needs trainer.eval_tasks)"))
 
 
 def _check_compile(cuda_available: bool) -> None:

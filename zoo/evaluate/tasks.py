@@ -23,7 +23,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 
 from zoo.run.errors import DataError
 
@@ -102,6 +102,43 @@ def read_task(path) -> Task:
     return Task(path.stem, kind, tuple(examples))
 
 
+def metric_names(tasks: Sequence[Task]) -> List[str]:
+    """The metrics zoo.evaluate.in_loop's `TaskScorer.metrics` reports for `tasks`."""
+    return [f"{t.name}/{m}" for t in tasks for m in (("acc", "acc_norm") if t.kind == CHOICE else ("acc", "ppl"))]
+
+
+def higher_is_better(metric: str) -> bool:
+    """eval_loss and perplexities fall as a model improves; accuracies rise."""
+    return metric.endswith("/acc") or metric.endswith("/acc_norm")
+
+
+def best_fields(state: dict) -> dict:
+    """summary.json's best evaluation: best_eval_step, best_eval_metric and its value
+    (best_eval_loss when the metric is the loss, best_eval_value otherwise)."""
+    metric = state.get("metric", "eval_loss")
+    return {"best_eval_metric": metric, "best_eval_loss" if metric == "eval_loss" else "best_eval_value": state["best"],
+            "best_eval_step": state["best_step"]}
+
+
+BUILT_IN: Dict[str, Callable[[], List[dict]]] = {}  # filled below: names trainer.eval_tasks takes besides files
+
+
+def load_task(name_or_path: str) -> Task:
+    """A built-in task by name (BUILT_IN) or the task file at the path; DataError otherwise."""
+    if name_or_path in BUILT_IN:
+        examples, kind = [], None
+        for number, record in enumerate(BUILT_IN[name_or_path](), 1):
+            kind, example = _example(record, f"built-in task {name_or_path}, example {number}")
+            examples.append(example)
+        return Task(name_or_path, kind, tuple(examples))
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise DataError(f"trainer.eval_tasks: {name_or_path!r} is neither a built-in task ({', '.join(sorted(BUILT_IN))}) "
+                        f"nor a task file: give a JSON Lines file's path (python -m zoo.evaluate.tasks convert makes "
+                        f"one) or a built-in name")
+    return read_task(path)
+
+
 # The published formats, as the hub's datasets and lm-evaluation-harness hold them.
 def _hellaswag(r: dict) -> dict:
     ctx = r.get("ctx") or f"{r['ctx_a']} {r['ctx_b'].capitalize()}".strip()
@@ -166,6 +203,9 @@ def python_keywords(n: int = 200, seed: int = 0, text: str | None = None) -> Lis
         out.append({"context": text[start:m.start() - 1], "choices": [" " + c for c in choices],  # as the text has it
                     "gold": choices.index(m.group(1))})
     return out
+
+
+BUILT_IN["python_keywords"] = python_keywords
 
 
 def main(argv=None) -> int:

@@ -41,6 +41,7 @@ def _eval_parts(r: Dict[str, Any]) -> list:
         parts.append(f"eval ppl {r['eval_perplexity']:,.1f}")
     if "eval_accuracy" in r:
         parts.append(f"eval acc {_percent(r['eval_accuracy'])}")
+    parts += [f"{key[:-len('/acc')]} {_percent(r[key])}" for key in r if key.endswith("/acc")]  # trainer.eval_tasks
     return parts + [f"eval {r['eval_time_s']:.1f} s"]
 
 

@@ -34,6 +34,11 @@ def _metric(s: Dict[str, Any]) -> str:
         base = s.get("baseline_accuracy", s.get("majority_class_accuracy"))
         what = "masked-token accuracy" if "eval_masked_tokens" in s else "top-1 accuracy"
         parts.append(f"{what} {s['eval_accuracy']:.1%}" + (f" (baseline {base:.1%})" if _number(base) is not None else ""))
+    for key in (k for k in s if k.endswith("/acc")):  # trainer.eval_tasks
+        task = key[:-len("/acc")]
+        other = (f"acc_norm {s[task + '/acc_norm']:.1%}" if task + "/acc_norm" in s
+                 else f"ppl {s[task + '/ppl']:,.1f}" if task + "/ppl" in s else "")
+        parts.append(f"{task} acc {s[key]:.1%}" + (f" ({other})" if other else ""))
     return ", ".join(parts)
 
 
@@ -41,7 +46,8 @@ def _contents(run_dir: Path) -> str:
     known = [("model.safetensors", "weights"), ("model.safetensors.index.json", "weights, a file per pipeline stage"),
              ("checkpoints", "checkpoints"), ("metrics.jsonl", "metrics"),
              ("summary.json", "summary"), ("config.yaml", "config"), ("topology.txt", "rank grid"),
-             ("topology.png", "its picture"), ("profile", "profiler traces"), ("tokenizer", "tokenizer"), ("wandb", "wandb files")]
+             ("topology.png", "its picture"), ("profile", "profiler traces"), ("tokenizer", "tokenizer"), ("tasks", "task rows scored"),
+             ("wandb", "wandb files")]
     have = [f"{name}{'/' if (run_dir / name).is_dir() else ''} ({what})" for name, what in known
             if (run_dir / name).exists()]
     return ", ".join(have) or "nothing"
@@ -61,12 +67,15 @@ def result_lines(s: Dict[str, Any], run_dir: Path, *, export: bool = True, resum
         facts.append(f"peak memory {s['peak_mem_bytes'] / 2**30:.2f} GiB"
                      + (f" (rank {s['peak_mem_rank']}, the largest of {ranks})" if ranks > 1 else ""))
     lines = ["zoo: result: " + _metric(s), "zoo: run: " + ", ".join(facts)]
+    metric = s.get("best_eval_metric", "eval_loss")
+    label = "eval loss" if metric == "eval_loss" else metric
+    best = _number(s.get("best_eval_loss" if metric == "eval_loss" else "best_eval_value"))
     if s.get("stopped_early_at_step"):
-        lines.append(f"zoo: stopped early at step {s['stopped_early_at_step']} (trainer.early_stop): the best eval loss "
-                     f"was {s['best_eval_loss']:.4f} at step {s['best_eval_step']}")
-    elif _number(s.get("best_eval_loss")) is not None and s.get("best_eval_step") != s.get("steps"):
-        lines.append(f"zoo: best eval loss {s['best_eval_loss']:.4f} at step {s['best_eval_step']} (the final one is "
-                     f"above it)")
+        lines.append(f"zoo: stopped early at step {s['stopped_early_at_step']} (trainer.early_stop): the best {label} "
+                     f"was {best:.4f} at step {s['best_eval_step']}")
+    elif best is not None and s.get("best_eval_step") != s.get("steps"):
+        lines.append(f"zoo: best {label} {best:.4f} at step {s['best_eval_step']} (the final one is "
+                     f"{'above' if metric == 'eval_loss' or metric.endswith('/ppl') else 'below'} it)")
     if s.get("sample"):
         lines.append(f"zoo: sample (prompt {s.get('sample_prompt', '')!r}):")
         lines += ["    " + line for line in str(s["sample"]).splitlines() or [""]]

@@ -57,3 +57,20 @@ def test_a_resumed_run_counts_its_own_steps_and_the_peak_names_the_largest_rank(
     assert line.endswith("peak memory 1.00 GiB (rank 3, the largest of 4)")
     one_rank = {**GPT, "steps_run": 200, "peak_mem_bytes_per_rank": [457363456], "peak_mem_rank": 0}
     assert result_lines(one_rank, tmp_path)[1] == result_lines(GPT, tmp_path)[1]  # nothing to name with one rank
+
+
+def test_task_metrics_are_stated_on_the_console_the_result_and_compare(tmp_path):
+    """trainer.eval_tasks: one short field a task on the console, acc with acc_norm or ppl in the
+    result, a row a metric in zoo.compare; the best by a task's metric named as such."""
+    from zoo.compare import Run, table
+
+    tasks = {"keywords/acc": 0.31, "keywords/acc_norm": 0.14, "words/acc": 0.05, "words/ppl": 812.25}
+    line = console_line({"step": 4, "eval_loss": 8.26, "eval_time_s": 2.2, **tasks})
+    assert line == "step      4 | eval loss 8.2600 | keywords 31.0% | words 5.0% | eval 2.2 s"
+    s = {**GPT, **tasks, "best_eval_metric": "keywords/acc", "best_eval_value": 0.4, "best_eval_step": 100}
+    lines = result_lines(s, tmp_path)
+    assert lines[0].endswith("(unigram 631.5), keywords acc 31.0% (acc_norm 14.0%), words acc 5.0% (ppl 812.2)")
+    assert "zoo: best keywords/acc 0.4000 at step 100 (the final one is below it)" in lines
+    text = table([Run("a", {"x": 1}, s, []), Run("b", {"x": 2}, GPT, [])])
+    assert any(row.split()[:3] == ["keywords/acc", "31.0%", "-"] for row in text.splitlines()), text
+    assert any(row.split()[:2] == ["words/ppl", "812.25"] for row in text.splitlines()), text
