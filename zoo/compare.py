@@ -73,6 +73,9 @@ def load_dir(path: Path) -> Run:
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
     metrics = path / "metrics.jsonl"
     history = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    harness = path / "eval" / "harness.json"  # python -m zoo.evaluate's, beside the run's own task metrics
+    if harness.exists():
+        summary.update({f"harness {k}": v for k, v in json.loads(harness.read_text()).get("metrics", {}).items()})
     return Run(path.name, flatten(yaml.safe_load((path / "config.yaml").read_text()) or {}), summary, history)
 
 

@@ -148,3 +148,60 @@ def test_the_history_goes_on_after_a_resume_and_best_follows_a_task(run_zoo, tas
                                                                                    best_step)
     best = json.loads((run_dir / "checkpoints" / "best" / "state.json").read_text())
     assert best["step"] == best_step and best["eval"]["metric"] == "keywords/acc"
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_zoo_evaluate_runs_the_harness_on_the_run_and_agrees_with_the_loop(scored, tasks, random_hf, family, tmp_path):
+    """python -m zoo.evaluate exports the run and runs lm-evaluation-harness's HFLM on it: the same
+    metrics as the in-loop scorer on the same weights; the harness's own per-request
+    log-likelihoods on the imported transformers model equal the run's rows within 1e-5."""
+    from lm_eval.api.instance import Instance
+
+    from zoo.evaluate.harness import harness_model
+
+    run = scored(family, "one")
+    out = tmp_path / "harness.json"
+    proc = run_zoo_eval(run.run_dir, f"{tasks[0]},{tasks[1]}", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(out.read_text())["metrics"]
+    keys = ("keywords/acc", "keywords/acc_norm", "words/acc")
+    assert {k: got[k] for k in keys} == {k: run.summary[k] for k in keys}
+    assert got["words/ppl"] == pytest.approx(run.summary["words/ppl"], rel=1e-5)
+    assert "keywords/acc" in proc.stdout and not list(run.run_dir.glob(".zoo_eval_*"))  # the export is gone
+    # the harness on the imported transformers directory itself, with the run's tokenizer
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for f in random_hf[family].iterdir():
+        (hf / f.name).symlink_to(f)
+    for f in (run.run_dir / "tokenizer").iterdir():
+        (hf / f.name).symlink_to(f)
+    lm = harness_model(hf, 8, None)
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=(r["context"], c), idx=0)
+                for path in tasks for r in map(json.loads, path.read_text().splitlines())
+                for c in r.get("choices", [r.get("continuation")])]
+    theirs = [ll for ll, _ in lm.loglikelihood(requests)]
+    torch.testing.assert_close(torch.tensor([r["loglikelihood"] for r in _rows(run)], dtype=torch.float64),
+                               torch.tensor(theirs, dtype=torch.float64), rtol=1e-5, atol=1e-4)
+
+
+def run_zoo_eval(src, tasks, out, *extra):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", "zoo.evaluate", str(src), "--tasks", tasks, "--out", str(out), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_zoo_evaluate_mistakes_are_one_line(tmp_path, tasks):
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    cases = [(tmp_path / "none", "python_keywords", "does not exist: give a run directory"),
+             (tmp_path / "bert", "python_keywords", "holds a bert model (bert), which continues no text"),
+             (tmp_path / "bert", "nosuch", "--tasks: 'nosuch' is neither a built-in task")]
+    for src, names, says in cases:
+        proc = run_zoo_eval(src, names, tmp_path / "out.json")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and not (tmp_path / "out.json").exists()

@@ -136,28 +136,33 @@ class TaskScorer:
         tmp.replace(path)
 
     def metrics(self, table: torch.Tensor) -> Dict[str, float]:
-        """{"TASK/acc": ..., "TASK/acc_norm" or "TASK/ppl": ...} from every row's values."""
-        out: Dict[str, float] = {}
-        for task, (start, _) in zip(self.tasks, self.spans):
-            at, hits, normed, lls = start, 0, 0, []
-            for example in task.examples:
-                values = table[at:at + len(example.choices)]
-                at += len(example.choices)
-                if task.kind == CHOICE:
-                    ll = values[:, 0]
-                    chars = torch.tensor([float(len(c)) for c in example.choices], dtype=torch.float64)
-                    hits += int(int(ll.argmax()) == example.gold)
-                    normed += int(int((ll / chars).argmax()) == example.gold)
-                else:
-                    hits += int(values[0, 2] == 1)
-                    lls.append(float(values[0, 0]))
-            n = len(task.examples)
-            out[f"{task.name}/acc"] = hits / n
+        return task_metrics(self.tasks, table)
+
+def task_metrics(tasks: Sequence[Task], table: torch.Tensor) -> Dict[str, float]:
+    """{"TASK/acc": ..., "TASK/acc_norm" or "TASK/ppl": ...} from every row's (log-likelihood,
+    tokens, greedy), the rows of `tasks` in order (every example's choices)."""
+    out: Dict[str, float] = {}
+    at = 0
+    for task in tasks:
+        hits, normed, lls = 0, 0, []
+        for example in task.examples:
+            values = table[at:at + len(example.choices)]
+            at += len(example.choices)
             if task.kind == CHOICE:
-                out[f"{task.name}/acc_norm"] = normed / n
+                ll = values[:, 0]
+                chars = torch.tensor([float(len(c)) for c in example.choices], dtype=torch.float64)
+                hits += int(int(ll.argmax()) == example.gold)
+                normed += int(int((ll / chars).argmax()) == example.gold)
             else:
-                out[f"{task.name}/ppl"] = math.exp(-sum(lls) / n)
-        return out
+                hits += int(values[0, 2] == 1)
+                lls.append(float(values[0, 0]))
+        n = len(task.examples)
+        out[f"{task.name}/acc"] = hits / n
+        if task.kind == CHOICE:
+            out[f"{task.name}/acc_norm"] = normed / n
+        else:
+            out[f"{task.name}/ppl"] = math.exp(-sum(lls) / n)
+    return out
 
 
 def task_scorer(cfg, task) -> "TaskScorer | None":

@@ -123,8 +123,9 @@ def best_fields(state: dict) -> dict:
 BUILT_IN: Dict[str, Callable[[], List[dict]]] = {}  # filled below: names trainer.eval_tasks takes besides files
 
 
-def load_task(name_or_path: str) -> Task:
-    """A built-in task by name (BUILT_IN) or the task file at the path; DataError otherwise."""
+def load_task(name_or_path: str, key: str = "trainer.eval_tasks") -> Task:
+    """A built-in task by name (BUILT_IN) or the task file at the path; DataError (naming `key`,
+    where the name came from) otherwise."""
     if name_or_path in BUILT_IN:
         examples, kind = [], None
         for number, record in enumerate(BUILT_IN[name_or_path](), 1):
@@ -133,7 +134,7 @@ def load_task(name_or_path: str) -> Task:
         return Task(name_or_path, kind, tuple(examples))
     path = Path(name_or_path).expanduser()
     if not path.is_file():
-        raise DataError(f"trainer.eval_tasks: {name_or_path!r} is neither a built-in task ({', '.join(sorted(BUILT_IN))}) "
+        raise DataError(f"{key}: {name_or_path!r} is neither a built-in task ({', '.join(sorted(BUILT_IN))}) "
                         f"nor a task file: give a JSON Lines file's path (python -m zoo.evaluate.tasks convert makes "
                         f"one) or a built-in name")
     return read_task(path)

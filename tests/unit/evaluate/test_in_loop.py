@@ -109,3 +109,13 @@ def test_eval_tasks_validate_before_any_rank(tmp_path):
     bad = _task_file(tmp_path, "bad", [{"context": "a", "choices": [" b", " c"], "gold": 0}, {"context": "a"}])
     with pytest.raises(DataError, match=r"bad.jsonl:2: give either \"choices\" and \"gold\""):
         check(composed(f"trainer.eval_tasks=[{bad}]"))
+
+
+def test_zoo_eval_without_the_harness_says_what_to_install(monkeypatch, tmp_path):
+    import sys
+
+    from zoo.evaluate.harness import harness_model
+
+    monkeypatch.setitem(sys.modules, "lm_eval.models.huggingface", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"lacks .*: pip install 'lm_eval\[hf\]'"):
+        harness_model(tmp_path, 8, None)
