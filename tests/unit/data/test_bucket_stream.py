@@ -66,9 +66,12 @@ def test_batches_pad_little_and_consecutive_steps_come_from_all_over_the_epoch()
     assert len(pools) > 1  # batches of several pools, not one pool's after another
 
 
-def test_padding_efficiency_equals_the_per_micro_batch_count():
+@pytest.mark.parametrize("pooled", [True, False], ids=["pooled", "whole-epoch"])
+def test_padding_efficiency_equals_the_per_micro_batch_count(pooled):
+    """The run's padding efficiency against the batch-by-batch count over `indices`, across
+    epoch boundaries and with a fixed pad length, for both orders."""
     lengths = _lengths(203, seed=1)
-    stream = _stream(lengths, 8)
+    stream = _stream(lengths, 8) if pooled else BucketedStream(lengths, global_batch=8, seed=3)
     samples = 2 * stream.per_epoch + 5 * 8
     starts = range(0, samples, 4)
     expected = padding_efficiency((stream.indices(s, 4) for s in starts), lengths)

@@ -182,27 +182,15 @@ def test_bucketed_batches_pad_little(mlm, pooled):
     assert len(set(epoch0.tolist())) == stream.per_epoch  # an epoch never repeats a sample
 
 
-def test_stream_padding_efficiency_equals_the_per_batch_count():
-    """The run's padding efficiency (one numpy pass per epoch) against the batch-by-batch
-    count over `indices`, across epoch boundaries and with a fixed pad length."""
+def test_the_whole_epoch_order_is_sliced_per_epoch_across_a_boundary():
+    """Positions across an epoch boundary, sliced per epoch: the same as one position at a time
+    (its padding efficiency: tests/unit/data/test_bucket_stream.py)."""
     from data_pipelines.mlm import BucketedStream
-    from data_pipelines.sampler import padding_efficiency
 
-    lengths = np.random.default_rng(1).integers(3, 60, size=203)
-    stream = BucketedStream(lengths, global_batch=8, seed=3)
-    samples = 2 * stream.per_epoch + 5 * 8  # two epochs and five global batches
-    starts = range(0, samples, 4)
-    # Positions across an epoch boundary, sliced per epoch: the same as one position at a time.
+    stream = BucketedStream(np.random.default_rng(1).integers(3, 60, size=203), global_batch=8, seed=3)
     assert np.array_equal(stream.indices(stream.per_epoch - 8, 16),
                           [stream.epoch_order(p // stream.per_epoch)[p % stream.per_epoch]
                            for p in range(stream.per_epoch - 8, stream.per_epoch + 8)])
-    expected = padding_efficiency((stream.indices(s, 4) for s in starts), lengths)
-    assert stream.padding_efficiency(samples, 4) == pytest.approx(expected, rel=1e-12)
-    fixed = sum(int(lengths[stream.indices(s, 4)].sum()) for s in starts) / (len(starts) * 4 * 64)
-    assert stream.padding_efficiency(samples, 4, pad_to=64) == pytest.approx(fixed, rel=1e-12)
-    assert stream.padding_efficiency(0, 4) == 1.0
-    with pytest.raises(ValueError, match="must divide"):
-        stream.padding_efficiency(samples, 3)
 
 
 def test_mean_loss_is_over_masked_positions_only():
