@@ -104,6 +104,7 @@ RANGES = {
     "trainer.eval_batches": Range(ge=0),
     "trainer.eval_every": Range(ge=0, hint="0: evaluate only at the end"),
     "trainer.early_stop.patience": Range(ge=0, hint="0: never stop early"),
+    "trainer.eval_task_shots": Range(ge=0, hint="0: no few-shot examples"),
     "trainer.early_stop.min_delta": Range(ge=0),
     "trainer.profile.start": Range(ge=0, hint="the first profiled step, counted from 1; 0: no profiling"),
     "trainer.profile.steps": POSITIVE,

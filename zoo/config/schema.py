@@ -276,6 +276,10 @@ class TrainerConfig:
     `python -m zoo.evaluate.tasks convert` makes them from HellaSwag, ARC, PIQA, LAMBADA) or
     built-in names (python_keywords). Each adds TASK/acc and TASK/acc_norm (multiple choice) or
     TASK/acc and TASK/ppl (continuation) to the evaluation's record and the summary."""
+    eval_task_shots: int = 0
+    """Few-shot examples before each scored context (the harness's num_fewshot): drawn from the
+    task's own train split (TASK.train.jsonl beside the task file; the built-ins have theirs),
+    each shot's context and right choice then a blank line, seeded per example."""
     eval_metric: str = "eval_loss"
     """What checkpoint.best and trainer.early_stop follow: eval_loss (lower is better) or a
     task's metric from trainer.eval_tasks (TASK/acc, TASK/acc_norm: higher is better; TASK/ppl:

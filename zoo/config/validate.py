@@ -115,7 +115,7 @@ def _check_eval_tasks(cfg: Config, spec) -> None:
     checked line by line), no name twice; trainer.eval_metric one the run reports."""
     t = cfg.trainer
     if t.eval_tasks:
-        from zoo.evaluate.tasks import load_task
+        from zoo.evaluate.tasks import load_task, train_split, with_shots
 
         require(spec.generates_text, f"trainer.eval_tasks scores what a language model continues and "
                                      f"model.family={cfg.model.family} continues no text; use model=gpt or "
@@ -123,6 +123,9 @@ def _check_eval_tasks(cfg: Config, spec) -> None:
         require(t.eval_batches != 0, "trainer.eval_tasks are scored at evaluations and trainer.eval_batches=0 "
                                      "turns them off; leave trainer.eval_batches unset (or > 0)")
         tasks = [load_task(str(entry)) for entry in t.eval_tasks]
+        if t.eval_task_shots:
+            for entry, task in zip(t.eval_tasks, tasks):
+                with_shots(task, train_split(str(entry)), t.eval_task_shots)  # the split holds enough, of its kind
         names = [task.name for task in tasks]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:

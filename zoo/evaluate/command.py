@@ -56,13 +56,13 @@ def _results_path(src: Path, out: Path | None) -> Path:
     return run / "eval" / "harness.json"
 
 
-def evaluate(src: Path, task_names: list, batch_size: int, out: Path | None) -> dict:
+def evaluate(src: Path, task_names: list, batch_size: int, out: Path | None, shots: int = 0, seed: int = 0) -> dict:
     from zoo.evaluate.harness import harness_metrics, harness_model, harness_rows
-    from zoo.evaluate.tasks import load_task
+    from zoo.evaluate.tasks import shot_tasks
 
     if not src.exists():
         raise ConfigError(f"{src} does not exist: give a run directory, a checkpoint or a transformers directory")
-    tasks = [load_task(name, key="--tasks") for name in task_names]  # every file checked before the model loads
+    tasks = shot_tasks(task_names, shots, seed, key="--tasks")  # every file checked before the model loads
     with tempfile.TemporaryDirectory(dir=src if src.is_dir() else None, prefix=".zoo_eval_") as scratch:
         hf = _hf_directory(src, Path(scratch))
         _check_causal(src, json.loads((hf / "config.json").read_text()))
@@ -70,7 +70,8 @@ def evaluate(src: Path, task_names: list, batch_size: int, out: Path | None) -> 
     metrics = harness_metrics(tasks, rows)
     path = _results_path(src, out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"source": str(src), "tasks": task_names, "metrics": metrics}, indent=1) + "\n")
+    path.write_text(json.dumps({"source": str(src), "tasks": task_names, "shots": shots, "metrics": metrics},
+                               indent=1) + "\n")
     return {"metrics": metrics, "path": path}
 
 
@@ -79,14 +80,17 @@ def main(argv=None) -> None:
     parser.add_argument("src", type=Path, help="a run directory, a checkpoint or a transformers directory")
     parser.add_argument("--tasks", required=True, help="comma-separated task files or built-in names")
     parser.add_argument("--batch-size", type=int, default=8, help="the harness's batch size (default 8)")
+    parser.add_argument("--shots", type=int, default=0,
+                        help="few-shot examples from each task's train split (trainer.eval_task_shots'; default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="the shots' seed (a run's: its trainer.seed)")
     parser.add_argument("--out", type=Path, default=None, help="where the JSON goes (default: see above)")
     args = parser.parse_args(argv)
     names = [t for t in args.tasks.split(",") if t]
     try:
-        if args.batch_size < 1 or not names:
-            raise ConfigError(f"--batch-size {args.batch_size} must be >= 1 and --tasks {args.tasks!r} name at least "
-                              f"one task (e.g. --tasks python_keywords)")
-        done = evaluate(args.src, names, args.batch_size, args.out)
+        if args.batch_size < 1 or args.shots < 0 or not names:
+            raise ConfigError(f"--batch-size {args.batch_size} must be >= 1, --shots {args.shots} >= 0 and --tasks "
+                              f"{args.tasks!r} name at least one task (e.g. --tasks python_keywords)")
+        done = evaluate(args.src, names, args.batch_size, args.out, args.shots, args.seed)
     except (ZooError, OSError) as err:
         print(f"zoo.evaluate: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -120,7 +120,8 @@ class TaskScorer:
 
     def write_rows(self, table: torch.Tensor, path: Path) -> None:
         """One line a row: task, example, choice, log-likelihood, tokens scored, greedy (what the
-        harness's --log_samples keeps), so that two runs or a harness run compare row by row."""
+        harness's --log_samples keeps), and the context's tokens kept (after the block's cut), so
+        that two runs or a harness run compare row by row."""
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = []
         for task, (start, _) in zip(self.tasks, self.spans):
@@ -129,7 +130,8 @@ class TaskScorer:
                 for c in range(len(example.choices)):
                     ll, tokens, greedy = table[at].tolist()
                     lines.append(json.dumps({"task": task.name, "example": e, "choice": c, "loglikelihood": ll,
-                                             "tokens": int(tokens), "greedy": bool(greedy)}))
+                                             "tokens": int(tokens), "greedy": bool(greedy),
+                                             "context_tokens": self.rows[at][1]}))
                     at += 1
         tmp = path.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n")
@@ -169,10 +171,11 @@ def task_scorer(cfg, task) -> "TaskScorer | None":
     """The run's scorer of trainer.eval_tasks (validated before any rank started), or None."""
     if not cfg.trainer.eval_tasks:
         return None
-    from zoo.evaluate.tasks import load_task
+    from zoo.evaluate.tasks import shot_tasks
 
-    return TaskScorer([load_task(str(entry)) for entry in cfg.trainer.eval_tasks], _encoder(task.tokenizer),
-                      task.shape.block_size)
+    t = cfg.trainer
+    return TaskScorer(shot_tasks([str(e) for e in t.eval_tasks], t.eval_task_shots, t.seed),
+                      _encoder(task.tokenizer), task.shape.block_size)
 
 
 def _encoder(tok) -> Callable[[str], List[int]]:

@@ -123,15 +123,19 @@ def best_fields(state: dict) -> dict:
 BUILT_IN: Dict[str, Callable[[], List[dict]]] = {}  # filled below: names trainer.eval_tasks takes besides files
 
 
+def _task_of(name: str, records: List[dict]) -> Task:
+    examples, kind = [], None
+    for number, record in enumerate(records, 1):
+        kind, example = _example(record, f"built-in task {name}, example {number}")
+        examples.append(example)
+    return Task(name, kind, tuple(examples))
+
+
 def load_task(name_or_path: str, key: str = "trainer.eval_tasks") -> Task:
     """A built-in task by name (BUILT_IN) or the task file at the path; DataError (naming `key`,
     where the name came from) otherwise."""
     if name_or_path in BUILT_IN:
-        examples, kind = [], None
-        for number, record in enumerate(BUILT_IN[name_or_path](), 1):
-            kind, example = _example(record, f"built-in task {name_or_path}, example {number}")
-            examples.append(example)
-        return Task(name_or_path, kind, tuple(examples))
+        return _task_of(name_or_path, BUILT_IN[name_or_path]())
     path = Path(name_or_path).expanduser()
     if not path.is_file():
         raise DataError(f"{key}: {name_or_path!r} is neither a built-in task ({', '.join(sorted(BUILT_IN))}) "
@@ -183,11 +187,12 @@ def convert(fmt: str, records: Iterable[dict]) -> List[dict]:
 KEYWORDS = ("if", "for", "while", "return", "import", "class", "def", "try", "with", "lambda", "yield", "raise")
 
 
-def python_keywords(n: int = 200, seed: int = 0, text: str | None = None) -> List[dict]:
+def python_keywords(n: int = 200, seed: int = 0, text: str | None = None, skip: int = 0) -> List[dict]:
     """A multiple-choice task from the Python documentation inside CPython (the default
     corpus): the context is the text before a keyword in code or prose (up to 160 characters,
     from a word's start; context + the right choice is the text), the choices that keyword and
-    three others: a model that learned the corpus does better than the chance 25%."""
+    three others: a model that learned the corpus does better than the chance 25%. `skip`:
+    start past that many places (its train split is the 100 places after the scored ones)."""
     if text is None:
         from pydoc_data.topics import topics
 
@@ -196,7 +201,7 @@ def python_keywords(n: int = 200, seed: int = 0, text: str | None = None) -> Lis
     spots = [m for m in re.finditer(r"(?<= )(" + "|".join(KEYWORDS) + r")(?= )", text) if m.start() > 160]
     rng.shuffle(spots)
     out = []
-    for m in spots[:n]:
+    for m in spots[skip:skip + n]:
         start = text.find(" ", m.start() - 160) + 1
         others = rng.sample([k for k in KEYWORDS if k != m.group(1)], 3)
         choices = [m.group(1), *others]
@@ -207,6 +212,57 @@ def python_keywords(n: int = 200, seed: int = 0, text: str | None = None) -> Lis
 
 
 BUILT_IN["python_keywords"] = python_keywords
+
+
+def _python_keywords_train() -> List[dict]:
+    """python_keywords' train split: 100 places past the 200 scored ones whose text is none of
+    theirs (the corpus repeats some passages word for word)."""
+    scored = {r["context"] for r in python_keywords()}
+    return [r for r in python_keywords(150, skip=200) if r["context"] not in scored][:100]
+
+
+BUILT_IN_TRAIN = {"python_keywords": _python_keywords_train}  # their few-shot examples
+
+
+def train_split(name_or_path: str, key: str = "trainer.eval_tasks") -> Task:
+    """The task's own train split, its few-shot examples: a built-in's, or TASK.train.jsonl
+    beside the task file TASK.jsonl; DataError naming the file to write otherwise."""
+    if name_or_path in BUILT_IN_TRAIN:
+        return _task_of(name_or_path + ".train", BUILT_IN_TRAIN[name_or_path]())
+    path = Path(name_or_path).expanduser()
+    train = path.with_name(path.stem + ".train" + path.suffix)
+    if not train.is_file():
+        raise DataError(f"{key}: few-shot examples come from the task's train split, and {path.name} has none: "
+                        f"write its train examples, in the same schema, to {train} (python -m zoo.evaluate.tasks "
+                        f"convert FORMAT TRAIN_RECORDS {train}), or ask for no shots")
+    return read_task(train)
+
+
+def shot_tasks(names: List[str], shots: int, seed: int = 0, key: str = "trainer.eval_tasks") -> List[Task]:
+    """The tasks `names` (files or built-ins), each with `shots` few-shot examples (with_shots)."""
+    tasks = [load_task(name, key) for name in names]
+    return [with_shots(task, train_split(name, key), shots, seed) if shots else task for name, task in zip(names, tasks)]
+
+
+def with_shots(task: Task, train: Task, shots: int, seed: int = 0) -> Task:
+    """`task` with `shots` examples of `train` before each context, as the harness's
+    num_fewshot writes them: each shot's context and right choice, then a blank line; the
+    shots drawn per example (seeded by the task, the example and `seed`), never repeated
+    within one. DataError where the train split holds fewer than `shots` examples."""
+    if shots == 0:
+        return task
+    if len(train.examples) < shots:
+        raise DataError(f"{train.name} holds {len(train.examples)} examples, fewer than the {shots} shots asked: give "
+                        f"it more, or ask for at most {len(train.examples)}")
+    if train.kind != task.kind:
+        raise DataError(f"{train.name} holds {train.kind} examples and {task.name} {task.kind} ones: one kind for both")
+    out = []
+    for number, example in enumerate(task.examples):
+        picked = random.Random(f"{seed}:{task.name}:{number}").sample(range(len(train.examples)), shots)
+        prefix = "".join(train.examples[i].context + train.examples[i].choices[train.examples[i].gold] + "\n\n"
+                         for i in picked)
+        out.append(Example(prefix + example.context, example.choices, example.gold))
+    return Task(task.name, task.kind, tuple(out))
 
 
 def main(argv=None) -> int:

@@ -119,3 +119,26 @@ def test_zoo_eval_without_the_harness_says_what_to_install(monkeypatch, tmp_path
     monkeypatch.setitem(sys.modules, "lm_eval.models.huggingface", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"lacks .*: pip install 'lm_eval\[hf\]'"):
         harness_model(tmp_path, 8, None)
+
+
+def test_shots_come_from_the_task_s_own_train_split(tmp_path):
+    from zoo.evaluate.tasks import load_task, shot_tasks, train_split, with_shots
+
+    scored, train = load_task("python_keywords"), train_split("python_keywords")
+    assert not {e.context for e in scored.examples} & {e.context for e in train.examples}  # no leak
+    two = with_shots(scored, train, 2, seed=7)
+    assert two == with_shots(scored, train, 2, seed=7) != with_shots(scored, train, 2, seed=8)
+    first, plain = two.examples[0], scored.examples[0]
+    assert first.context.endswith("\n\n" + plain.context) and first.choices == plain.choices
+    prefix, shots = first.context[:-len(plain.context)], {e.context + e.choices[e.gold] + "\n\n" for e in train.examples}
+    assert any(prefix.startswith(a) and prefix[len(a):] in shots and prefix[len(a):] != a for a in shots)
+    good = _task_file(tmp_path, "mine", [{"context": "a b", "choices": [" c", " d"], "gold": 0}])
+    with pytest.raises(DataError, match=r"mine.jsonl has none: write its train examples, in the same schema, to "
+                                        r".*mine.train.jsonl"):
+        check(composed(f"trainer.eval_tasks=[{good}]", "trainer.eval_task_shots=1"))
+    _task_file(tmp_path, "mine.train", [{"context": "x", "choices": [" y", " z"], "gold": 1}])
+    with pytest.raises(DataError, match=r"mine.train holds 1 examples, fewer than the 2 shots asked"):
+        check(composed(f"trainer.eval_tasks=[{good}]", "trainer.eval_task_shots=2"))
+    assert shot_tasks([str(good)], 1)[0].examples[0].context == "x z\n\na b"
+    with pytest.raises(ConfigError, match=r"trainer.eval_task_shots=-1 must be >= 0"):
+        check(composed(f"trainer.eval_tasks=[{good}]", "trainer.eval_task_shots=-1"))
