@@ -220,6 +220,24 @@ def run_server():
     server.close()
 
 
+def _ranks(overrides) -> int:
+    """The local ranks a run's overrides ask for: its parallel preset's tp x pp x dp, with
+    parallel.tp/pp/dp/world_size overrides applied (dp unset: 1)."""
+    import yaml
+
+    preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("parallel=")), "ddp")
+    path = REPO / "conf" / "parallel" / f"{preset}.yaml"
+    loaded = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    dims = {k: (loaded or {}).get("parallel", loaded or {}).get(k) for k in ("tp", "pp", "dp", "world_size")}
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.startswith("parallel.") and key[9:] in dims and value.isdigit():
+            dims[key[9:]] = int(value)
+    if dims["world_size"]:
+        return int(dims["world_size"])
+    return (dims["tp"] or 1) * (dims["pp"] or 1) * (dims["dp"] or 1)
+
+
 @pytest.fixture(scope="session")
 def run_zoo(tmp_path_factory, zoo_cache, run_server):
     """run_zoo(*overrides, module="zoo.train", check=True, run_dir=None, env=None) -> Run"""
@@ -236,13 +254,15 @@ def run_zoo(tmp_path_factory, zoo_cache, run_server):
                        *overrides]
         # Forked from the preloaded server, and its ranks forked from the run itself, which has
         # everything imported (zoo.run.launch); not for another tree's code (cwd, PYTHONPATH): the
-        # server has this checkout's zoo imported.
-        # Not for 3d's 8 ranks: twice in CI one of 8 forked ranks never joined the process group
-        # (300 s, then a failure), forked while the elastic agent's rendezvous store thread ran;
-        # the forkserver (one clean process forks them) costs such a run ~2 s.
+        # server has this checkout's zoo imported. Runs of 4 ranks or more start theirs by the
+        # forkserver, as a user's do: forked from the run, one of them now and then never joined
+        # the process group (in three of the last four CI runs, 4- and 8-rank runs: 300 s, then a
+        # failure), forked while the elastic agent's rendezvous store thread ran. The forkserver
+        # costs a run ~9 s here, so the many 2-rank runs keep the fork (no hang seen in them).
         if (cmd is None and os.environ.get("ZOO_TEST_FORK", "1") != "0" and Path(cwd) == REPO
-                and "PYTHONPATH" not in (env or {}) and "parallel=3d" not in overrides):
-            full_env = {"ZOO_START_METHOD": "fork", **full_env}
+                and "PYTHONPATH" not in (env or {})):
+            if _ranks(overrides) < 4:
+                full_env = {"ZOO_START_METHOD": "fork", **full_env}
             proc = run_server.run(module, argv[3:], full_env, cwd, timeout, tmp_path_factory.mktemp("out"))
         else:
             proc = subprocess.run(argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

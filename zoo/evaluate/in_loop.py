@@ -5,10 +5,11 @@ Each (example, choice) is one row, split as lm-evaluation-harness's HFLM splits 
 that end the context move to the start of the choice; the context and context + choice are
 encoded without special tokens, and the choice's tokens are those of the whole past the
 context's; the row is the last block_size + 1 tokens of context + choice (the harness's left
-truncation), its targets the choice's tokens (-100 elsewhere). Rows are dealt to the
+truncation), its targets the choice's tokens (-100 elsewhere). Rows go longest first to the
 data-parallel ranks in rounds of one micro-batch each, as the held-out evaluation deals its
-samples, the last round filled with rows that have no target; every micro-batch is padded to
-the longest row (to the block under a pipeline, whose stages exchange one activation shape).
+samples, the last round filled with rows that have no target; a round's micro-batches are as
+wide as its longest row and hold a training micro-batch's tokens (under a pipeline, whose
+stages exchange one activation shape, the training's micro-batch of whole blocks).
 The forward's loss function records each row's log-likelihood, target count and greedy match
 (zoo.evaluate.likelihood) on the last stage's first tensor-parallel rank, and one all-reduce
 of a float64 (rows x 3) table brings every row to every rank: O(rows), not O(model).

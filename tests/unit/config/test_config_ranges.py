@@ -101,6 +101,7 @@ OUTSIDE = {
     "optim.decay_fraction": ("0", "must be in (0, 1]"),
     "optim.momentum": ("1.0", "must be in [0, 1) (SGD's momentum; 0: none)"),
     "trainer.early_stop.patience": ("-2", "must be >= 0 (0: never stop early)"),
+    "trainer.eval_task_shots": ("-1", "must be >= 0 (0: no few-shot examples)"),
     "trainer.early_stop.min_delta": ("-0.1", "must be >= 0"),
     "trainer.profile.start": ("-1", "must be >= 0 (the first profiled step, counted from 1; 0: no profiling)"),
     "trainer.profile.steps": ("0", "must be positive"),
