@@ -184,11 +184,11 @@ def _encoder(tok) -> Callable[[str], List[int]]:
     tokenizer.json where there is one (the ids transformers' fast tokenizer gives, without
     importing transformers into every rank for the whole run: 35 MB of RSS a rank on this
     machine), else through the transformers tokenizer."""
-    path = Path(getattr(tok, "directory", "") or "") / "tokenizer.json"
-    if getattr(tok, "directory", None) and path.is_file():
+    directory = getattr(tok, "directory", None)  # data_pipelines.tokenizer.LazyTokenizer's
+    if directory and (Path(directory) / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
-        fast = Tokenizer.from_file(str(path))
+        fast = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
         return lambda text: fast.encode(text, add_special_tokens=False).ids
     return lambda text: list(tok(text, add_special_tokens=False)["input_ids"])
 
