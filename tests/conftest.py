@@ -221,21 +221,21 @@ def run_server():
 
 
 def _ranks(overrides) -> int:
-    """The local ranks a run's overrides ask for: its parallel preset's tp x pp x dp, with
-    parallel.tp/pp/dp/world_size overrides applied (dp unset: 1)."""
+    """The local ranks a run's overrides ask for: its parallel preset's tp x cp x pp x dp, with
+    parallel.tp/cp/pp/dp/world_size overrides applied (dp unset: 1)."""
     import yaml
 
     preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("parallel=")), "ddp")
     path = REPO / "conf" / "parallel" / f"{preset}.yaml"
     loaded = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    dims = {k: (loaded or {}).get("parallel", loaded or {}).get(k) for k in ("tp", "pp", "dp", "world_size")}
+    dims = {k: (loaded or {}).get("parallel", loaded or {}).get(k) for k in ("tp", "cp", "pp", "dp", "world_size")}
     for o in overrides:
         key, _, value = o.partition("=")
         if key.startswith("parallel.") and key[9:] in dims and value.isdigit():
             dims[key[9:]] = int(value)
     if dims["world_size"]:
         return int(dims["world_size"])
-    return (dims["tp"] or 1) * (dims["pp"] or 1) * (dims["dp"] or 1)
+    return (dims["tp"] or 1) * (dims["cp"] or 1) * (dims["pp"] or 1) * (dims["dp"] or 1)
 
 
 @pytest.fixture(scope="session")

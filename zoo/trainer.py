@@ -33,6 +33,7 @@ from zoo.models.compile import compile_seconds, eager
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
+from zoo.parallel.context import context_rank, whole_sequences
 from zoo.parallel.topology import Layout, tp_group
 from zoo.run import allocator, signals
 from zoo.run.checkpoint_interval import interval_policy
@@ -85,7 +86,8 @@ class Trainer:
         self.step = 0
         self.consumed = 0  # samples, globally: the layout-free data position
         self.meta = {"family": cfg.model.family, "shape": task.model_meta(), "optimizer": cfg.optim.name,
-                     "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage},
+                     "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero_stage": layout.zero_stage,
+                                **({"cp": layout.cp} if layout.cp > 1 else {})},
                      "native": native_checkpoint.layout_key(layout, cfg.parallel, cfg.precision.dtype),
                      "data_order": getattr(task.stream, "order", None)}
         # Periodic evaluation: the best eval loss so far, its step, evaluations since (kept in checkpoints).
@@ -170,8 +172,8 @@ class Trainer:
                   f"{self.cfg.trainer.eval_metric}: the best starts afresh", flush=True)
         if self.rank == 0:
             was = state.get("layout", {})
-            print(f"zoo: resumed from {path} at step {self.step} (written under tp{was.get('tp')}-pp{was.get('pp')}"
-                  f"-dp{was.get('dp')}_zero{was.get('zero_stage')}; read from its {how} files in {took:.2f} s)", flush=True)
+            print(f"zoo: resumed from {path} at step {self.step} (written under {Layout(**was).name if was else '?'}; "
+                  f"read from its {how} files in {took:.2f} s)", flush=True)
         return path
 
     def save_checkpoint(self, name: str | None = None, background: bool = False) -> Path:
@@ -362,11 +364,13 @@ class Trainer:
         from zoo.evaluate.in_loop import score
 
         self.engine.eval()
-        return score(self.scorer, self._tallied_forward, micro_batch=self.micro_batch_size, dp_rank=self.dp_rank,
-                     dp_size=self.layout.dp, pad_to=self.task.shape.block_size if self.pipelined else None,
-                     multiple=self.layout.tp if self.cfg.parallel.sequence_parallel else 1,
-                     tp_group=tp_group(self.grid), device=self.device, to_device=self.task._to_device,
-                     rows_file=self.run_dir / "tasks" / f"step_{self.step:07d}.jsonl" if self.rank == 0 else None)
+        with whole_sequences(self.engine.module):
+            return score(self.scorer, self._tallied_forward, micro_batch=self.micro_batch_size, dp_rank=self.dp_rank,
+                         dp_size=self.layout.dp, pad_to=self.task.shape.block_size if self.pipelined else None,
+                         multiple=self.layout.tp if self.cfg.parallel.sequence_parallel else 1,
+                         tp_group=tp_group(self.grid), device=self.device, to_device=self.task._to_device,
+                         rows_file=self.run_dir / "tasks" / f"step_{self.step:07d}.jsonl" if self.rank == 0 else None,
+                         cp_rank=context_rank(self.grid))
 
     def _summed_eval_loss(self, batches) -> torch.Tensor:
         """The loss summed over the targets of this replica's held-out batches (summed over the
@@ -609,7 +613,7 @@ class Trainer:
             **self.monitor.summary(clock.train_time, steps),
             **extras, "tokens_per_s": tokens_per_step * steps / clock.train_time if clock.train_time else 0.0,
             "steps": self.step, "steps_run": steps, "world_size": self.layout.world_size, "tp": self.layout.tp,
-            "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
+            **({"cp": self.layout.cp} if self.layout.cp > 1 else {}), "pp": self.layout.pp, "dp": self.layout.dp, "zero_stage": self.layout.zero_stage,
             "params": self.task.num_params(), "params_per_rank": [n for n, _, _ in per_rank],
             "global_batch_size": t.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "grad_accum": self.grad_accum, "dtype": self.cfg.precision.dtype,

@@ -20,7 +20,7 @@ from zoo.checkpoint.stream_write import StreamWriter
 from zoo.engine.state import full_shape, gathered
 from zoo.parallel.names import plain_name
 from zoo.parallel.sharding import gather_full
-from zoo.parallel.topology import tp_group
+from zoo.parallel.topology import replica_coords, tp_group
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -55,7 +55,7 @@ def write_final(engine, grid, run_dir: Path, meta: dict) -> List[Path]:
     rank, pp = dist.get_rank(), grid.get_pipe_parallel_world_size()
     writers = writer_stages(engine, grid)
     stage = grid.get_stage_id()
-    first_rank = grid.get_slice_parallel_rank() == 0 and grid.get_data_parallel_rank() == 0
+    first_rank = grid.get_slice_parallel_rank() == 0 and replica_coords(grid)[0] == 0
     mine = _entries(engine, grid, writers)
     name = SINGLE if pp == 1 else f"model-{stage + 1:05d}-of-{pp:05d}.safetensors"
     metadata = {"family": meta["family"], "shape": json.dumps(meta["shape"])}

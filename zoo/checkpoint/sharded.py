@@ -40,6 +40,7 @@ from zoo.checkpoint.merged_index import INDEX, MergedIndex
 from zoo.checkpoint.stream_write import DTYPES, StreamWriter
 from zoo.engine import state as engine_state
 from zoo.parallel.names import plain_name
+from zoo.parallel.topology import replica_coords
 from zoo.run.errors import CheckpointError
 
 MODEL = "model"  # the fp32 master weights (and buffers); optimizer states go under their own key
@@ -93,7 +94,7 @@ def _pieces(engine, grid, writers) -> Tuple[List[tuple], int]:
     flat tensor the box is cut from (parameters' values and states are fp32); the parameters'
     pieces first, then the buffers': and how many are the parameters'."""
     stage, tp_rank = grid.get_stage_id(), grid.get_slice_parallel_rank()
-    dp_rank, dp = grid.get_data_parallel_rank(), grid.get_data_parallel_world_size()
+    dp_rank, dp = replica_coords(grid)  # the ranks holding the same parameters (dp, with cp dp x cp)
     keys = engine_state.state_keys(engine)
     by_kind: Dict[str, List[tuple]] = {kind: [] for kind in (MODEL, *keys)}
     for pname, p in unique_params(engine.module):

@@ -67,6 +67,7 @@ RANGES = {
     "model.dropout": Range(ge=0, lt=1, hint="the probability of zeroing an activation; 0 disables dropout"),
     "parallel.tp": POSITIVE,
     "parallel.pp": POSITIVE,
+    "parallel.cp": POSITIVE,
     "parallel.dp": Range(gt=0, hint="or null"),
     "parallel.zero_stage": Range(ge=0, le=3, hint="DeepSpeed's ZeRO stages are 0, 1, 2 and 3"),
     "parallel.world_size": Range(gt=0, hint="the ranks parallel=auto starts, or null: one per GPU or CPU core"),

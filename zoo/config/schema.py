@@ -77,6 +77,10 @@ class ParallelConfig:
     """Tensor-parallel size (ranks sharing each layer; keep inside a node)."""
     pp: int = 1
     """Pipeline-parallel size (stages)."""
+    cp: int = 1
+    """Context-parallel size (GPT, Llama): each rank of a cp group holds 2 of 2 x cp chunks of
+    every sequence, attention all-gathers keys and values over the group (zoo.parallel.context).
+    For sequences whose activations one device cannot hold; ranks = tp x cp x pp x dp."""
     dp: Optional[int] = None
     """Data-parallel replicas. Local run: how many to start (None: 1). Under torchrun,
     the deepspeed launcher or srun: derived from the world size (a set value must match)."""

@@ -28,15 +28,16 @@ def resolve_layout(cfg: Config, world_size: Optional[int]) -> tuple[Layout, List
     if world_size is None:
         dp = p.dp or 1
     else:
-        model_ranks = p.tp * p.pp
+        model_ranks = p.tp * p.cp * p.pp
+        cp = f" * parallel.cp({p.cp})" if p.cp > 1 else ""
         require(world_size % model_ranks == 0,
-                 f"world size {world_size} is not divisible by parallel.tp({p.tp}) * parallel.pp({p.pp}) "
-                 f"= {model_ranks}; launch a multiple of {model_ranks} ranks or change tp/pp")
+                 f"world size {world_size} is not divisible by parallel.tp({p.tp}){cp} * parallel.pp({p.pp}) "
+                 f"= {model_ranks}; launch a multiple of {model_ranks} ranks or change tp/{'cp/' if cp else ''}pp")
         dp = world_size // model_ranks
         if p.dp is not None and p.dp != dp:
             warnings.append(f"parallel.dp={p.dp} is ignored under an external launcher: dp = world size "
-                            f"{world_size} / (tp {p.tp} * pp {p.pp}) = {dp}")
-    return Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage), warnings
+                            f"{world_size} / (tp {p.tp}{f' * cp {p.cp}' if cp else ''} * pp {p.pp}) = {dp}")
+    return Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage, cp=p.cp), warnings
 
 
 def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
@@ -63,6 +64,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
         found = family_of_hf(m.init_from, FAMILIES.values())
         require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
                                          f"model.family={m.family}; use model={found.name}")
+    _check_context(cfg, layout, spec)
     layers, what = spec.check(cfg, layout, warnings)
     require(spec.tp_rules is not None or layout.tp == 1,
              f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel rules; use parallel.tp=1")
@@ -361,3 +363,18 @@ def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
         warnings.append(f"precision=bf16 with parallel.zero_stage=0 sums the {accumulated} micro-batches' gradients "
                         f"of each step in bf16 (8 significant bits; measured on the tiny GPT: 0.25% off fp32's loss "
                         f"after 20 steps, against 0.00% at ZeRO-1); parallel.zero_stage=1 sums them in fp32")
+
+
+def _check_context(cfg: Config, layout: Layout, spec) -> None:
+    """parallel.cp: a causal decoder without a pipeline (its blocks' split: check_transformer)."""
+    if layout.cp == 1:
+        return
+    from zoo.families.registry import FAMILIES
+
+    m = cfg.model
+    require(spec.context_parallel,
+            f"parallel.cp={layout.cp}: model.family={m.family} has no context parallelism (it is for the causal "
+            f"decoders {sorted(n for n, s in FAMILIES.items() if s.context_parallel)}); set parallel.cp=1")
+    require(layout.pp == 1,
+            f"parallel.cp={layout.cp} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine reduces gradients "
+            f"over dp only, not over the cp group; use parallel.pp=1 (tp x cp x dp) or parallel.cp=1")

@@ -66,6 +66,12 @@ def deepspeed_config(cfg: Config, layout: Layout) -> Dict[str, Any]:
     }
     if cfg.optim.name == "sgd":  # ZeRO partitions any torch optimizer; DeepSpeed asks to be told (its tests cover Adam)
         ds["zero_allow_untested_optimizer"] = True
+    if layout.cp > 1 and layout.zero_stage == 3:
+        # Gradients are summed over the cp group and averaged over dp (zoo.parallel.context_grid).
+        # DeepSpeed 0.19's ZeRO-3 reduce-scatter path averages over dp x cp, ignoring the sequence-
+        # parallel size its all-reduce path divides out (the gradient came out 1/cp of one
+        # process's, measured): the all-reduce path (2x the reduce-scatter's bytes).
+        ds["zero_optimization"]["reduce_scatter"] = False
     if layout.pp > 1:
         ds["pipeline"] = {"activation_checkpoint_interval": 1 if cfg.model.activation_checkpointing else 0}
         if cfg.parallel.sequence_parallel and layout.tp > 1:

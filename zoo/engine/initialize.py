@@ -44,7 +44,7 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
                                            model_parameters=groups,
                                            lr_scheduler=lr_scheduler(cfg.optim, cfg.trainer.max_steps),
                                            mpu=None if isinstance(model, PipelineModule) else grid)
-    skip_single_replica_allreduce(engine, layout.dp)
+    skip_single_replica_allreduce(engine, layout.dp * layout.cp)  # cp ranks sum their gradients too
     if engine.fp16_enabled():  # DeepSpeed's ZeRO-0 fp16 optimizer, as its own docs say it works
         from zoo.engine.half import scale_zero0_loss, undo_unfused_init_step
 
@@ -54,7 +54,7 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
 
 
 def skip_single_replica_allreduce(engine, dp: int) -> bool:
-    """With one data-parallel replica, ZeRO-0 and fp32, DeepSpeed's gradient all-reduce is the
+    """With one data-parallel replica (`dp`: replicas x cp ranks, which sum theirs), ZeRO-0 and fp32, DeepSpeed's gradient all-reduce is the
     identity done the long way: every gradient flattened into one buffer, scaled by 1/1,
     all-reduced over one rank and copied back (the tiny Llama's 20 MB each way, every step).
     Switch it off there; a pipeline's tied-weight all-reduce across stages is a separate call

@@ -46,6 +46,8 @@ def layout_key(layout, parallel, dtype: str) -> dict:
            "partition_method": parallel.partition_method if layout.pp > 1 else None}
     if layout.pp > 1:
         key["pipeline_format"] = PIPELINE_FORMAT
+    if layout.cp > 1:  # ZeRO partitions over dp x cp
+        key["cp"] = layout.cp
     return key
 
 

@@ -195,14 +195,16 @@ def _encoder(tok) -> Callable[[str], List[int]]:
 
 def score(scorer: TaskScorer, forward: Callable, *, micro_batch: int, dp_rank: int, dp_size: int,
           pad_to: int | None, multiple: int, tp_group, device: torch.device, to_device: Callable,
-          rows_file: Path | None = None) -> Dict[str, float]:
+          rows_file: Path | None = None, cp_rank: int = 0) -> Dict[str, float]:
     """The tasks' metrics, the same on every rank (collective): `forward(batches, tally)` runs
     this rank's micro-batches through the model with `tally` observing its loss function.
-    `rows_file` (rank 0's): every row's values as JSON Lines (`TaskScorer.write_rows`)."""
+    `rows_file` (rank 0's): every row's values as JSON Lines (`TaskScorer.write_rows`). Under
+    context parallelism the forward runs whole sequences on every rank of a cp group (the task's
+    contexts are short) and its first rank (`cp_rank` 0) reports them."""
     batches, owners = scorer.batches(micro_batch, dp_rank, dp_size, pad_to, multiple)
     tally = LikelihoodTally(tp_group)
     forward([to_device(b) for b in batches], tally)
-    first_tp = tp_group is None or dist.get_rank(tp_group) == 0
+    first_tp = (tp_group is None or dist.get_rank(tp_group) == 0) and cp_rank == 0
     table = scorer.gather(tally, owners, bool(tally.rows) and first_tp, device)
     if rows_file is not None:
         scorer.write_rows(table, rows_file)

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from data_pipelines.schedule import SampleStream, micro_batch_start
 from zoo.config.schema import Config
-from zoo.parallel.topology import Layout, tp_group
+from zoo.parallel.topology import Layout, replica_group, tp_group
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 BUILT_IN = {"pydoc": "the Python documentation inside CPython", "digits": "scikit-learn's 8x8 digits"}
@@ -70,7 +70,7 @@ class Task:
             from zoo.engine.config import TORCH_DTYPES
 
             options["zero3"] = ZeroThree(config=deepspeed_config(self.cfg, self.layout),
-                                         group=grid.get_data_parallel_group(),
+                                         group=replica_group(grid),
                                          dtype=TORCH_DTYPES[self.cfg.precision.dtype], mpu=grid)
         model = build(self.spec, self.shape, self.layout, weights=self.init_state, **options)
         if self.cfg.model.compile:

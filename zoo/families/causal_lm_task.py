@@ -51,7 +51,9 @@ class CausalLMTask(TextDocuments, Task):
         self.document_end = int(self.blocks.meta["eos_id"]) if cfg.data.document_mask else None
 
     def build_options(self, grid) -> dict:
-        return {**super().build_options(grid), "document_end": self.document_end}
+        from zoo.parallel.context import context_shard
+
+        return {**super().build_options(grid), "document_end": self.document_end, "context": context_shard(grid)}
 
     def plain_model(self) -> nn.Module:
         model = super().plain_model()

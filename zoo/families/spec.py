@@ -90,6 +90,8 @@ class FamilySpec:
     tokens; BERT: text sources, mixed by characters); empty: no data.mix."""
     generates_text: bool = False
     """Samples text at the end (`trainer.sample_tokens`)."""
+    context_parallel: bool = False
+    """Runs under `parallel.cp` > 1 (a causal decoder's layer list takes a ContextShard)."""
     planner: Optional[Callable[[Any, int], Any]] = None
     """(model config, tokenizer vocabulary) -> `zoo.plan.model_desc.ModelDesc`; None: not planned."""
     published: Mapping[str, Tuple[int, int]] = field(default_factory=dict)

@@ -92,7 +92,24 @@ def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) ->
             require(m.vocab_size % layout.tp == 0,
                      f"parallel.tp={layout.tp} does not divide model.vocab_size ({m.vocab_size}); pad it to "
                      f"{-(-m.vocab_size // (128 * layout.tp)) * 128 * layout.tp} or leave model.vocab_size null")
+    if layout.cp > 1:
+        _check_context_split(dims.block_size, layout, cfg.parallel.sequence_parallel)
     return dims.n_layer, f"layers of model.init_from={m.init_from}" if m.init_from else f"layers of model.size={m.size}"
+
+
+def _check_context_split(block: int, layout: Layout, sequence_parallel: bool) -> None:
+    """parallel.cp cuts each block into 2 x cp equal chunks (zoo.parallel.context); sequence
+    parallelism then splits each cp rank's share over tp."""
+    cp = layout.cp
+    require(block % (2 * cp) == 0,
+            f"parallel.cp={cp} cuts each block into 2 x cp = {2 * cp} chunks and model.block_size={block} does "
+            f"not divide by {2 * cp}; use a block size of {max(block // (2 * cp), 1) * 2 * cp} or a cp with "
+            f"2 x cp dividing {block}")
+    if sequence_parallel and layout.tp > 1:
+        require((block // cp) % layout.tp == 0,
+                f"parallel.sequence_parallel=true splits each cp rank's {block // cp} tokens (model.block_size="
+                f"{block} / parallel.cp={cp}) over parallel.tp={layout.tp}, which does not divide them; use a "
+                f"block size divisible by {2 * cp * layout.tp}")
 
 
 def transformer_flops_per_sample(task) -> Tuple[Optional[float], str]:

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from zoo.models.documents import ReadsContext
 from zoo.models.kv_cache import DecodeCache, decoding
 from zoo.models.losses import cross_entropy_per_token, masked_mean
 from zoo.models.stages import run_layers
@@ -37,7 +38,7 @@ class HeadLogits:
         return logits.masked_fill(pad, torch.finfo(logits.dtype).min)
 
 
-class CausalLM(nn.Module):
+class CausalLM(ReadsContext, nn.Module):
     """`forward(idx)` gives logits (B, T, V); `forward(idx, targets)` the mean loss over the
     positions whose target is not -100. Subclasses build their modules and list them."""
 
@@ -50,6 +51,9 @@ class CausalLM(nn.Module):
         self.document_end: Optional[int] = None
         """The end-of-text token id with `data.document_mask` (zoo.models.documents): attention
         and positions stay inside each document. Set before `pipeline_layers()` is read."""
+        # Under context parallelism (`context`, ReadsContext) the forward takes the whole block,
+        # runs this rank's share of it and returns its logits, or the block's mean loss (the same
+        # on every rank of the group).
 
     def pipeline_layers(self):
         raise NotImplementedError
@@ -60,11 +64,21 @@ class CausalLM(nn.Module):
         logits = run_layers(self, self.pipeline_layers(), idx, activation_checkpointing=self.activation_checkpointing)
         if targets is None:
             return logits
+        shard = self.sharded()
+        if shard is not None:
+            return shard.mean_loss(self.loss_fn(logits, shard.take(targets)), targets)
         return masked_mean(self.loss_fn(logits, targets), targets)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
-        return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
+        context = self.sharded()  # decoding runs whole sequences
+        if context is not None:
+            context.enabled = False
+        try:
+            return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
+        finally:
+            if context is not None:
+                context.enabled = True
 
 
 def pick_tokens(logits: torch.Tensor, *, temperature: float, top_k: int,

@@ -62,18 +62,36 @@ def attention_mask(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return kept
 
 
+class ReadsContext:
+    """A module that runs differently under context parallelism (the causal LM, its attention
+    layers): the parallelize step sets `context` (zoo.parallel.context.ContextShard) on each;
+    the model code imports nothing of the parallel package."""
+
+    context = None
+
+    def sharded(self):
+        """The shard this forward runs under (None without context parallelism, or when
+        `whole_sequences` turned it off)."""
+        context = self.context
+        return context if context is not None and context.enabled else None
+
+
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 class _Embed:
-    """The first layer: token ids -> (hidden, positions)."""
+    """The first layer: token ids -> (hidden, positions). Under context parallelism
+    (`context`, zoo.parallel.context) the ids are the whole block's and the hidden states and
+    positions this rank's share of it (the positions global, or the documents' own)."""
 
-    def __init__(self, layer: PipeLayer, end_id: int, takes_positions: bool):
-        self.layer, self.end_id, self.takes_positions = layer, end_id, takes_positions
+    def __init__(self, layer: PipeLayer, end_id: Optional[int], takes_positions: bool, context=None):
+        self.layer, self.end_id, self.takes_positions, self.context = layer, end_id, takes_positions, context
 
     def __call__(self, root: nn.Module, idx: torch.Tensor):
-        positions = document_positions(idx, self.end_id)
+        positions = None if self.end_id is None else document_positions(idx, self.end_id)
+        if self.context is not None:
+            idx, positions = self.context.share(idx, positions)
         if self.takes_positions:  # a learned position table (GPT)
             return root.get_submodule(self.layer.paths[0])(idx, positions=positions), positions
         return self.layer(root, idx), positions
@@ -101,13 +119,14 @@ class _Drop:
 
 
 def with_documents(layers: Sequence[PipeLayer], end_id: Optional[int], *,
-                   embedding_takes_positions: bool) -> List[PipeLayer]:
+                   embedding_takes_positions: bool, context=None) -> List[PipeLayer]:
     """`layers` (embedding, checkpointable blocks, the rest) carrying positions from the
-    embedding through the blocks; unchanged where `end_id` is None (no document masking)."""
-    if end_id is None:
+    embedding through the blocks; unchanged where `end_id` is None (no document masking) and
+    there is no `context` (zoo.parallel.context.ContextShard: context parallelism)."""
+    if end_id is None and context is None:
         return list(layers)
     first, *rest = layers
-    out = [dataclasses.replace(first, run=_Embed(first, end_id, embedding_takes_positions))]
+    out = [dataclasses.replace(first, run=_Embed(first, end_id, embedding_takes_positions, context))]
     carrying = True
     for layer in rest:
         if layer.checkpointable and carrying:

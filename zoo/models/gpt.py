@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
-from zoo.models.documents import attention_mask, with_documents
+from zoo.models.documents import ReadsContext, attention_mask, with_documents
 from zoo.models.kv_cache import ReadsDecodeCache
 from zoo.models.stages import PipeLayer
 
@@ -80,7 +80,7 @@ class GPTShape:
         return self.ffn_mult * self.n_embd
 
 
-class CausalSelfAttention(ReadsDecodeCache, nn.Module):
+class CausalSelfAttention(ReadsContext, ReadsDecodeCache, nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float):
         super().__init__()
         self.head_dim = n_embd // n_head
@@ -97,13 +97,18 @@ class CausalSelfAttention(ReadsDecodeCache, nn.Module):
         q, k, v = qkv.split(three_c // 3, dim=2)
         # (B, nh_local, T, hs)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        mask = None if positions is None else attention_mask(positions, q.dtype)
-        causal = mask is None
-        if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
-            k, v = self.decode_cache.extend(self, k, v)
-            causal = self.decode_cache.prompt  # a later token attends to every earlier one
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        shard = self.sharded()
+        if shard is not None:  # context parallelism: this rank's queries over every key
+            y = shard.attention(q, k, v, lambda q, k, v, mask: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout))
+        else:
+            mask = None if positions is None else attention_mask(positions, q.dtype)
+            causal = mask is None
+            if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
+                k, v = self.decode_cache.extend(self, k, v)
+                causal = self.decode_cache.prompt  # a later token attends to every earlier one
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
         y = y.transpose(1, 2).reshape(B, T, three_c // 3)
         return self.resid_dropout(self.c_proj(y))
 
@@ -170,7 +175,7 @@ class GPT(CausalLM):
                                *(PipeLayer((f"h.{i}",), checkpointable=True) for i in range(self.shape.n_layer)),
                                PipeLayer(("ln_f",)),
                                PipeLayer(("embed.wte", "lm_head"), run=HeadLogits(self.shape.vocab_real), **tie)],
-                              self.document_end, embedding_takes_positions=True)
+                              self.document_end, embedding_takes_positions=True, context=self.sharded())
 
 
 def gpt_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,

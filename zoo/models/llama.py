@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
-from zoo.models.documents import attention_mask, with_documents
+from zoo.models.documents import ReadsContext, attention_mask, with_documents
 from zoo.models.kv_cache import ReadsDecodeCache
 from zoo.models.stages import PipeLayer
 
@@ -122,14 +122,15 @@ def _rope_tables(T: int, d: int, theta: float, device: torch.device, dtype: torc
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float, positions: Optional[torch.Tensor] = None,
-               start: int = 0) -> tuple:
+               start: int = 0, length: Optional[int] = None) -> tuple:
     """Rotary embeddings on (B, heads, T, head_dim) queries and keys, positions 0..T-1 (or
     `positions`, (B, T), each token's position in its document): x * cos + rotate_half(x) * sin,
     with rotate_half(x) * sin = roll(x, d/2) * signed sin (the same products, bit for bit; a
     roll's backward is a roll, where a cat's is a split and a cat). `start`: the first token's
-    position (decoding with a cache); the table's rows are the same whatever its length."""
+    position (decoding with a cache); the table's rows are the same whatever its length.
+    `length`: the table's, where `positions` reach past these T (context parallelism's share)."""
     d = q.shape[-1]
-    cos, signed_sin = _rope_tables(start + q.shape[-2], d, float(theta), q.device, q.dtype)
+    cos, signed_sin = _rope_tables(length or start + q.shape[-2], d, float(theta), q.device, q.dtype)
     if start:
         cos, signed_sin = cos[start:], signed_sin[start:]
     if positions is not None:  # each row's own angles, (B, 1, T, d): the table's rows, picked
@@ -145,15 +146,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[
     CUDA repeats the key/value heads first (`expand`; groups x their memory, for this call),
     and the memory-efficient kernel takes it with the mask. The same numbers either way
     (tests/unit/models/test_llama_attend.py); elsewhere SDPA repeats none."""
-    if expand is None:
-        expand = mask is not None and groups > 1 and q.is_cuda
+    if expand is None:  # a tensor mask (context parallelism's causal_lower_right is not one: flash takes it)
+        expand = isinstance(mask, torch.Tensor) and groups > 1 and q.is_cuda
     if expand:
         k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
 
 
-class LlamaAttention(ReadsDecodeCache, nn.Module):
+class LlamaAttention(ReadsContext, ReadsDecodeCache, nn.Module):
     def __init__(self, shape: LlamaShape):
         super().__init__()
         d, kv = shape.head_dim, shape.n_kv_head * shape.head_dim
@@ -171,20 +172,27 @@ class LlamaAttention(ReadsDecodeCache, nn.Module):
         B, T, _ = q.shape  # the whole sequence: under sequence parallelism x holds a shard of it
         # (B, heads_local, T, hs): under TP each rank holds whole query heads and their kv heads
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        q, k = apply_rope(q, k, self.theta, positions, start=self.cache_start())
-        mask = None if positions is None else attention_mask(positions, q.dtype)
-        causal = mask is None
-        if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
-            k, v = self.decode_cache.extend(self, k, v)
-            causal = self.decode_cache.prompt  # a later token attends to every earlier one
+        shard = self.sharded()  # context parallelism: the positions are global, up to cp x T
+        q, k = apply_rope(q, k, self.theta, positions, start=self.cache_start(),
+                          length=None if shard is None else T * shard.size)
+        if shard is not None:  # this rank's queries over every key
+            y = shard.attention(q, k, v, lambda q, k, v, mask: self._attend(q, k, v, mask, False))
+        else:
+            mask = None if positions is None else attention_mask(positions, q.dtype)
+            causal = mask is None
+            if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
+                k, v = self.decode_cache.extend(self, k, v)
+                causal = self.decode_cache.prompt  # a later token attends to every earlier one
+            y = self._attend(q, k, v, mask, causal)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def _attend(self, q, k, v, mask, causal: bool) -> torch.Tensor:
         replicated = getattr(self.k_proj, "query_to_kv", None)  # tp does not divide the kv heads
         if replicated is None:  # each group of `groups` query heads shares one kv head
-            y = attend(q, k, v, mask=mask, causal=causal, groups=self.groups)
-        else:
-            index = torch.tensor(replicated, device=k.device)
-            k, v = (t.index_select(1, index) for t in (k, v))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+            return attend(q, k, v, mask=mask, causal=causal, groups=self.groups)
+        index = torch.tensor(replicated, device=k.device)
+        k, v = (t.index_select(1, index) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
 class LlamaMLP(nn.Module):
@@ -244,7 +252,7 @@ class LlamaForCausalLM(CausalLM):
              PipeLayer(("model.norm",)),
              PipeLayer(("model.embed_tokens", "lm_head") if tied else ("lm_head",), run=HeadLogits(self.shape.vocab_real),
                        **tie)],
-            self.document_end, embedding_takes_positions=False)
+            self.document_end, embedding_takes_positions=False, context=self.sharded())
 
 
 def llama_flops_per_token(shape: LlamaShape, params: int, seq_len: int) -> float:

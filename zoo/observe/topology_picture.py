@@ -25,8 +25,10 @@ def topology_drawing(layout: Layout, hosts: Sequence[str], devices: Sequence[str
     place = {}
     for rank in range(layout.world_size):
         c = topo.get_coord(rank)
-        place[rank] = {"rank": rank, "tp": c.model, "pp": c.pipe, "dp": c.data, "host": hosts[rank],
-                       "device": devices[rank], "x": c.pipe * (layout.tp * CELL + GAP) + c.model * CELL,
+        cp = getattr(c, "context", 0)  # a stage's cp ranks side by side, each its tp block
+        place[rank] = {"rank": rank, "tp": c.model, "cp": cp, "pp": c.pipe, "dp": c.data, "host": hosts[rank],
+                       "device": devices[rank],
+                       "x": c.pipe * (layout.tp * layout.cp * CELL + GAP) + (cp * layout.tp + c.model) * CELL,
                        "y": -c.data * (CELL + GAP)}
     groups = group_lists(topo)
     tp_blocks = [{"ranks": list(g), "hosts": sorted({hosts[r] for r in g}), "dp": place[g[0]]["dp"],
@@ -40,6 +42,8 @@ def topology_drawing(layout: Layout, hosts: Sequence[str], devices: Sequence[str
         by_host.setdefault(hosts[rank], []).append(rank)
     notes = [f"TP group {b['ranks']} spans hosts {compress_hosts(b['hosts'])}: its all-reduces cross the network; "
              f"keep tp within the devices of one host" for b in tp_blocks if len(b["hosts"]) > 1]
+    notes += [f"CP group {list(g)} spans hosts {compress_hosts({hosts[r] for r in g})}: its key/value gathers cross "
+              f"the network; keep tp x cp within one host" for g in groups.get("CP", []) if len({hosts[r] for r in g}) > 1]
     crossing = [a for a in arrows if a["cross_host"]]
     if crossing:
         pairs = ", ".join(f"{a['from']}->{a['to']}" for a in crossing[:6]) + (", ..." if len(crossing) > 6 else "")
@@ -66,7 +70,8 @@ def draw_topology(layout: Layout, hosts: Sequence[str], devices: Sequence[str], 
 
     d = topology_drawing(layout, hosts, devices)
     place = {p["rank"]: p for p in d["devices"]}
-    width = layout.pp * (layout.tp * CELL + GAP)
+    stage_width = layout.tp * layout.cp * CELL  # a stage's devices of one replica: cp blocks of tp
+    width = layout.pp * (stage_width + GAP)
     height = layout.dp * (CELL + GAP)
     fig, ax = plt.subplots(figsize=(min(24, 2.5 + 1.4 * width), min(18, 1.5 + 1.4 * height + 0.35 * len(d["notes"]))))
     colors = plt.get_cmap("tab20")
@@ -88,7 +93,8 @@ def draw_topology(layout: Layout, hosts: Sequence[str], devices: Sequence[str], 
     for p in d["devices"]:
         ax.add_patch(Rectangle((p["x"] + 0.08, p["y"] + 0.08), CELL - 0.16, CELL - 0.16, fill=False,
                                edgecolor="gray", linewidth=0.6))
-        label = f"rank {p['rank']}\n{p['device']}\n({p['tp']}, {p['pp']}, {p['dp']})"
+        coords = f"{p['tp']}, {p['cp']}, {p['pp']}, {p['dp']}" if layout.cp > 1 else f"{p['tp']}, {p['pp']}, {p['dp']}"
+        label = f"rank {p['rank']}\n{p['device']}\n({coords})"
         if len(d["hosts"]) > 1 and p["host"] not in boxed:
             label += f"\n{p['host']}"
         ax.text(p["x"] + CELL / 2, p["y"] + CELL / 2, label, ha="center", va="center", fontsize=7)
@@ -97,12 +103,12 @@ def draw_topology(layout: Layout, hosts: Sequence[str], devices: Sequence[str], 
         key = (place[a["from"]]["dp"], place[a["from"]]["pp"])
         hops[key] = hops.get(key, False) or a["cross_host"]
     for (replica, stage), cross in hops.items():  # block edge to block edge, one arrow per hop
-        x0 = stage * (layout.tp * CELL + GAP) + layout.tp * CELL
+        x0 = stage * (stage_width + GAP) + stage_width
         y = -replica * (CELL + GAP) + CELL / 2
         ax.add_patch(FancyArrowPatch((x0 - 0.02, y), (x0 + GAP + 0.02, y), arrowstyle="-|>", mutation_scale=12,
                                      color="red" if cross else "black", linewidth=1.2))
     for s in range(layout.pp):
-        ax.text(s * (layout.tp * CELL + GAP) + layout.tp * CELL / 2, CELL + 0.35, f"stage {s}", ha="center",
+        ax.text(s * (stage_width + GAP) + stage_width / 2, CELL + 0.35, f"stage {s}", ha="center",
                 fontsize=9, weight="bold")
     for r in range(layout.dp):
         ax.text(-0.2, -r * (CELL + GAP) + CELL / 2, f"replica {r}", ha="right", va="center", fontsize=9, weight="bold")
@@ -110,8 +116,10 @@ def draw_topology(layout: Layout, hosts: Sequence[str], devices: Sequence[str], 
     ax.set_ylim(-height - 0.2 - 0.5 * len(d["notes"]), CELL + 0.9)
     ax.set_aspect("equal")
     ax.axis("off")
-    title = (f"{layout.name}: world {layout.world_size} = tp {layout.tp} x pp {layout.pp} x dp {layout.dp} "
-             f"on {len(d['hosts'])} host(s)\ndevice labels: rank, device, (tp, pp, dp)")
+    cp = layout.cp > 1
+    title = (f"{layout.name}: world {layout.world_size} = tp {layout.tp} x {f'cp {layout.cp} x ' if cp else ''}pp "
+             f"{layout.pp} x dp {layout.dp} on {len(d['hosts'])} host(s)\ndevice labels: rank, device, "
+             f"({'tp, cp, pp, dp' if cp else 'tp, pp, dp'})")
     ax.set_title(title, fontsize=10)
     for i, note in enumerate(d["notes"]):
         ax.text(-1.5, -height - 0.1 - 0.45 * i, "note: " + note, fontsize=8, color="red", va="top")

@@ -164,15 +164,22 @@ def _fill_partition(p: nn.Parameter, weights, name: str) -> None:
 def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                 sequence_parallel: bool = False, activation_checkpointing: bool = False,
                 zero3: ZeroThree | None = None, weights=None, document_end: Optional[int] = None,
-                init: bool = True) -> nn.Module:
+                context=None, init: bool = True) -> nn.Module:
     """This rank's whole model (no pipeline) of family `spec`; with `zero3`, built partitioned
     (materialise_partitioned), filled from `weights` (model.init_from); with `document_end` (a
-    causal LM's end-of-text id) attending within documents only (zoo.models.documents);
+    causal LM's end-of-text id) attending within documents only (zoo.models.documents); with
+    `context` (zoo.parallel.context.ContextShard) running this rank's share of every sequence;
     `init=False`: not initialised (a resume fills it)."""
     with on_meta():
         model = spec.model(shape)
     if document_end is not None:
         model.document_end = document_end
+    if context is not None:  # the model and its attention layers (zoo.models.documents.ReadsContext)
+        from zoo.models.documents import ReadsContext
+
+        for m in model.modules():
+            if isinstance(m, ReadsContext):
+                m.context = context
     if zero3 is None:
         materialise(model, spec, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
                     sequence_parallel=sequence_parallel, init=init)
@@ -210,6 +217,7 @@ def build(spec, shape, layout: Layout, **kwargs) -> nn.Module:
     if layout.pp > 1:
         weights = kwargs.pop("weights", None)
         kwargs.pop("zero3", None)  # DeepSpeed's pipeline takes ZeRO-1 at most
+        kwargs.pop("context", None)  # validation refuses cp with pp (zoo.config.validate)
         model = build_pipeline(spec, shape, layout, **kwargs)
         if weights is not None:
             from zoo.checkpoint.consolidate import assign_full_weights

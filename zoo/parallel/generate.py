@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from zoo.models.causal_lm import decode, pick_tokens
 from zoo.models.kv_cache import decoding
+from zoo.parallel.context import context_zero, whole_sequences
 from zoo.parallel.topology import Layout, tp_group
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool, torch.float64]
@@ -85,7 +86,7 @@ class InPlaceDecoder:
         dp_rank = grid.get_data_parallel_rank()
         # ZeRO-3's forward gathers each piece over dp: every replica runs it. Else replica 0 only.
         self.runs = dp_rank == 0 or layout.zero_stage == 3
-        self.chooser = grid.stage_to_global(self.last_stage, data=0, model=0)
+        self.chooser = grid.stage_to_global(self.last_stage, data=0, model=0, **context_zero(grid))
         head = _head(module)  # a vocab-sharded head's logits are gathered over tp (found once, not per token)
         self.gathers = self.tp_group is not None and head is not None and not getattr(head, "gather_output", True)
 
@@ -96,7 +97,8 @@ class InPlaceDecoder:
         x = tokens.to(self.device)
         if self.layout.pp > 1 and self.stage > 0:
             x = _recv(self.grid.stage_to_global(self.stage - 1), self.device)
-        out = self.module(x)
+        with whole_sequences(self.module):  # a cp rank decodes whole sequences too
+            out = self.module(x)
         if self.stage < self.last_stage:
             _send(out, self.grid.stage_to_global(self.stage + 1), self.device)
             return None

@@ -1,10 +1,13 @@
-"""The tp x pp x dp rank grid.
+"""The tp x cp x pp x dp rank grid.
 
-Ranks are laid out with DeepSpeed's `ProcessTopology` on axes (data, pipe, model): the
-tensor-parallel ("model") coordinate varies fastest, so a tp group is adjacent ranks on
-one node, and data parallelism is outermost, across nodes: the heaviest communication
-stays inside the node. DeepSpeed's `PipelineParallelGrid` builds the process groups from
-it and is handed to the engine as its mpu; nothing here is global.
+Ranks are laid out with DeepSpeed's `ProcessTopology` on axes (data, pipe, model), with
+context parallelism (data, pipe, context, model): the tensor-parallel ("model") coordinate
+varies fastest, so a tp group is adjacent ranks on one node, the context-parallel group next
+to it (inside the node too while tp x cp fits one), and data parallelism is outermost, across
+nodes: the heaviest communication stays inside the node. DeepSpeed's `PipelineParallelGrid`
+builds the process groups from it and is handed to the engine as its mpu; with cp it also
+answers DeepSpeed's sequence-parallel questions (`ContextGrid`): gradients are summed over the
+cp group and averaged over dp, and ZeRO partitions over dp x cp. Nothing here is global.
 """
 from __future__ import annotations
 
@@ -19,14 +22,16 @@ class Layout:
     pp: int
     dp: int
     zero_stage: int = 0
+    cp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def name(self) -> str:
-        return f"tp{self.tp}-pp{self.pp}-dp{self.dp}_zero{self.zero_stage}"
+        context = f"-cp{self.cp}" if self.cp > 1 else ""
+        return f"tp{self.tp}{context}-pp{self.pp}-dp{self.dp}_zero{self.zero_stage}"
 
 
 def build_topology(layout: Layout):
@@ -34,13 +39,17 @@ def build_topology(layout: Layout):
     validation and the planner use, needs no DeepSpeed)."""
     from deepspeed.runtime.pipe.topology import ProcessTopology
 
+    if layout.cp > 1:
+        return ProcessTopology(axes=["data", "pipe", "context", "model"], dims=[layout.dp, layout.pp, layout.cp, layout.tp])
     return ProcessTopology(axes=["data", "pipe", "model"], dims=[layout.dp, layout.pp, layout.tp])
 
 
 def group_lists(topo) -> dict:
-    """Global ranks of every TP, PP and DP group."""
-    return {"TP": topo.get_axis_comm_lists("model"), "PP": topo.get_axis_comm_lists("pipe"),
-            "DP": topo.get_axis_comm_lists("data")}
+    """Global ranks of every TP, CP (with context parallelism), PP and DP group."""
+    out = {"TP": topo.get_axis_comm_lists("model")}
+    if "context" in topo.get_axis_names():
+        out["CP"] = topo.get_axis_comm_lists("context")
+    return {**out, "PP": topo.get_axis_comm_lists("pipe"), "DP": topo.get_axis_comm_lists("data")}
 
 
 def _natural_key(name: str):
@@ -80,14 +89,16 @@ def describe_grid(layout: Layout, hosts: Sequence[str], devices: Sequence[str] =
     """The device topology diagram: each rank's coordinates, host and device, then every group
     (a group whose ranks sit on more than one host is marked)."""
     topo = build_topology(layout)
+    cp = layout.cp > 1
     lines: List[str] = [f"layout {layout.name}: world {layout.world_size} = "
-                        f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp}",
-                        "rank  dp  pp  tp  host" + ("  device" if devices else "")]
+                        f"tp {layout.tp} x {f'cp {layout.cp} x ' if cp else ''}pp {layout.pp} x dp {layout.dp}",
+                        f"rank  dp  pp  {'cp  ' if cp else ''}tp  host" + ("  device" if devices else "")]
     for rank in range(layout.world_size):
         c = topo.get_coord(rank)
         host = hosts[rank] if rank < len(hosts) else "?"
         device = f"  {devices[rank]}" if rank < len(devices) else ""
-        lines.append(f"{rank:>4}  {c.data:>2}  {c.pipe:>2}  {c.model:>2}  {host}{device}")
+        context = f"{c.context:>2}  " if cp else ""
+        lines.append(f"{rank:>4}  {c.data:>2}  {c.pipe:>2}  {context}{c.model:>2}  {host}{device}")
     for kind, groups in group_lists(topo).items():
         for g in groups:
             on = {hosts[r] for r in g if r < len(hosts)}
@@ -97,10 +108,36 @@ def describe_grid(layout: Layout, hosts: Sequence[str], devices: Sequence[str] =
 
 
 def build_grid(layout: Layout):
-    """DeepSpeed's grid for this layout (needs torch.distributed initialised)."""
+    """DeepSpeed's grid for this layout (needs torch.distributed initialised); with cp > 1 the
+    grid that also holds the context-parallel groups (zoo.parallel.context_grid)."""
+    if layout.cp > 1:
+        from zoo.parallel.context_grid import ContextGrid
+
+        return ContextGrid(topology=build_topology(layout))
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid
 
     return PipelineParallelGrid(topology=build_topology(layout))
+
+
+def replica_coords(grid) -> tuple:
+    """(rank, size) among the ranks that hold the same parameters (tp rank and stage alike):
+    the data-parallel group, with context parallelism dp x cp. The ranks that split writing
+    what they all hold, and the group ZeRO partitions over."""
+    if hasattr(grid, "get_sequence_data_parallel_rank"):
+        return grid.get_sequence_data_parallel_rank(), grid.get_sequence_data_parallel_world_size()
+    return grid.get_data_parallel_rank(), grid.get_data_parallel_world_size()
+
+
+def replica_group(grid):
+    """The process group of `replica_coords`."""
+    if hasattr(grid, "get_sequence_data_parallel_group"):
+        return grid.get_sequence_data_parallel_group()
+    return grid.get_data_parallel_group()
+
+
+def cp_group(grid):
+    """The context-parallel process group of this rank (None without context parallelism)."""
+    return grid.get_sequence_parallel_group() if hasattr(grid, "get_sequence_parallel_group") else None
 
 
 def tp_group(grid):

@@ -99,6 +99,10 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
         raise ConfigError(f"parallel.dp={given['parallel.dp']} with parallel=auto: the plan sets dp = ranks / (tp x pp); "
                           f"set the ranks to start with parallel.world_size (zoo's launcher) or the launcher's own, "
                           f"or drop parallel=auto")
+    if cfg.parallel.cp > 1:
+        raise ConfigError(f"parallel.cp={cfg.parallel.cp} with parallel=auto: the planner does not model context "
+                          f"parallelism yet; set the layout yourself (e.g. parallel=tp parallel.cp={cfg.parallel.cp} "
+                          f"parallel.dp=N) or drop parallel.cp")
     kept = _restrictions(cfg, given)
     if kept.get("micro_batch_sizes") == ["auto"]:
         kept.pop("micro_batch_sizes")
@@ -184,7 +188,7 @@ def replanned_line(before: dict, planned: Config, world: int, per_node: int) -> 
     from zoo.parallel.topology import Layout
 
     old = Layout(tp=before.get("tp", 1), pp=before.get("pp", 1), dp=before.get("dp") or 1,
-                 zero_stage=before.get("zero_stage", 0))
+                 zero_stage=before.get("zero_stage", 0), cp=before.get("cp", 1))
     p = planned.parallel
     new = Layout(tp=p.tp, pp=p.pp, dp=p.dp, zero_stage=p.zero_stage)
     if old.name == new.name:

@@ -28,8 +28,11 @@ MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 PARALLELS = sorted(p.stem for p in (CONF / "parallel").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 GROUP_FILES = sorted(p for p in CONF.glob("*/*.yaml"))
-# What validation refuses among the plain model x parallel pairs: the CNN takes no tensor parallelism.
-REFUSED = {("cnn", "tp"), ("cnn", "3d")}
+# What validation refuses among the plain model x parallel pairs: the CNN takes no tensor parallelism,
+# and only the causal decoders context parallelism.
+REFUSED = {("cnn", "tp"): r"parallel\.tp=2 with model\.family=cnn", ("cnn", "3d"): r"parallel\.tp=2 with model\.family=cnn",
+           ("cnn", "cp"): r"parallel\.cp=2: model\.family=cnn has no context parallelism",
+           ("bert", "cp"): r"parallel\.cp=2: model\.family=bert has no context parallelism"}
 
 register_configs()
 
@@ -120,11 +123,11 @@ def test_every_model_parallel_pair_validates_or_is_refused(model, parallel):
     cfg = composed(f"model={model}", f"parallel={parallel}")
     assert (cfg.model.family, cfg.experiment) == (model, None)
     if (model, parallel) in REFUSED:
-        with pytest.raises(ConfigError, match=r"parallel\.tp=2 with model\.family=cnn"):
+        with pytest.raises(ConfigError, match=REFUSED[model, parallel]):
             check(cfg)
     else:
         layout, _ = check(cfg)
-        assert (layout.tp, layout.pp) == (cfg.parallel.tp, cfg.parallel.pp)
+        assert (layout.tp, layout.cp, layout.pp) == (cfg.parallel.tp, cfg.parallel.cp, cfg.parallel.pp)
 
 
 def experiment_defaults(name: str) -> dict:

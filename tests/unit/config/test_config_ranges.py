@@ -67,6 +67,7 @@ OUTSIDE = {
     "model.dropout": ("1.5", "must be in [0, 1)"),
     "parallel.tp": ("0", "must be positive"),
     "parallel.pp": ("-1", "must be positive"),
+    "parallel.cp": ("0", "must be positive"),
     "parallel.dp": ("0", "must be positive (or null)"),
     "parallel.world_size": ("0", "must be positive (the ranks parallel=auto starts, or null: one per GPU or CPU core)"),
     "parallel.zero_stage": ("7", "must be in [0, 3]"),

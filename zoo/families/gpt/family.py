@@ -42,7 +42,7 @@ SPEC = FamilySpec(
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
     data_sources=("pydoc", "files", "hub", "prepared"), reads="text", 
     mix_sources=("pydoc", "files", "hub", "prepared"),
-    sizes=tuple(GPT_SIZES), published=GPT_PUBLISHED, data_keys=data_keys.CAUSAL_TEXT, generates_text=True,
+    sizes=tuple(GPT_SIZES), published=GPT_PUBLISHED, data_keys=data_keys.CAUSAL_TEXT, generates_text=True, context_parallel=True,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_rules=TP_RULES,
     hf=HFConverter.of(hf, model_types=("gpt2",), loads_as="GPT2LMHeadModel",
                    vocab_rows=("embed.wte.weight", "lm_head.weight")),

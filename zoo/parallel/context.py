@@ -1,0 +1,173 @@
+"""Context parallelism (`parallel.cp`): each rank of a cp group holds a share of every sequence.
+
+The block is cut into 2 x cp chunks and rank i holds chunks i and 2cp-1-i (Megatron's and
+torchtitan's load balancing: under causal attention a late chunk attends to more keys than an
+early one, and the pair evens the work: every rank's queries see (2cp+1) chunks of keys). Every
+operation but attention is per token and runs on the rank's share alone; attention all-gathers
+the keys and values over the group (the Llama 3 paper's choice: one collective per layer on the
+key/value heads, which grouped-query attention makes a fraction of the hidden size, and no
+online-softmax merge; a ring's send/receive of the blocks overlaps its transfers with compute,
+which matters on a GPU interconnect more than on gloo) and runs each local chunk against the
+keys up to its own end, causal among its own positions. The gather's backward is a reduce-
+scatter: every rank's queries contributed to the gradient of each rank's keys and values.
+
+Every rank of the group is handed the whole block (token ids are small): the first layer
+computes the global positions (or the document positions under `data.document_mask`, a
+document may span ranks) on the whole block and keeps its share, and the loss is this rank's
+targets' sum over the block's target count, summed over the group (an all-reduce forward, an
+identity backward): the global mean on every rank, and each rank's gradient its share of it,
+which DeepSpeed sums over cp and averages over dp (zoo.parallel.context_grid).
+
+The parallelize step hands the shard to the model and its attention layers (their `context`,
+zoo.models.documents.ReadsContext); what a forward's block holds (its document positions, the
+masks built from them) is kept on the shard for that forward, not on a tensor: ZeRO-3's module
+hooks hand layers new tensor objects. `whole_sequences` turns it off for decoding.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from zoo.parallel.mappings import _gather, _reduce_scatter, reduce_from_tp_region
+
+HEAD_DIM_SEQUENCE = 2  # attention's (B, heads, T, head_dim)
+
+
+class ContextShard:
+    """This rank's share of every sequence in a cp group of `size` ranks."""
+
+    def __init__(self, group, rank: int, size: int):
+        self.group, self.rank, self.size = group, rank, size
+        self.enabled = True  # off inside whole_sequences
+        self._block: Optional[torch.Tensor] = None  # the forward's block's document positions (None: none)
+        self._masks: Optional[list] = None  # the forward's chunk masks, built by its first attention
+
+    @property
+    def chunks(self) -> Tuple[int, int]:
+        """The global chunks this rank holds, of 2 x size."""
+        return self.rank, 2 * self.size - 1 - self.rank
+
+    def take(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's two chunks of `x` along `dim`, the earlier first."""
+        T = x.shape[dim]
+        if T % (2 * self.size):
+            raise ValueError(f"a sequence of {T} tokens does not split into 2 x parallel.cp = {2 * self.size} "
+                             f"equal chunks; use a block size divisible by {2 * self.size}")
+        c = T // (2 * self.size)
+        return torch.cat([x.narrow(dim, i * c, c) for i in self.chunks], dim=dim)
+
+    def share(self, idx: torch.Tensor, positions: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(this rank's token ids, their positions) of the whole block's ids, at the start of a
+        forward; `positions`: the block's document positions, None for 0..T-1 (kept for the
+        masks of this forward's attention layers, and of their recomputation in its backward)."""
+        B, T = idx.shape
+        self._block, self._masks = positions, None
+        full = torch.arange(T, device=idx.device).expand(B, T) if positions is None else positions
+        return self.take(idx), self.take(full).contiguous()
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, heads, T/cp, d) of this rank's chunks -> (B, heads, T, d) in global order."""
+        return _GatherContext.apply(t, self)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Callable) -> torch.Tensor:
+        """Attention of this rank's queries over the whole sequence's keys and values:
+        `attend(q, k, v, mask)` the layer's own SDPA call with an additive mask."""
+        k, v = self.gather(k), self.gather(v)
+        c = q.shape[HEAD_DIM_SEQUENCE] // 2
+        out = []
+        for j, (g, mask) in enumerate(zip(self.chunks, self.masks(c, q.dtype, q.device))):
+            n = (g + 1) * c  # the keys up to this chunk's end
+            out.append(attend(q.narrow(HEAD_DIM_SEQUENCE, j * c, c), k.narrow(HEAD_DIM_SEQUENCE, 0, n),
+                              v.narrow(HEAD_DIM_SEQUENCE, 0, n), mask))
+        return torch.cat(out, dim=HEAD_DIM_SEQUENCE)
+
+    def masks(self, c: int, dtype: torch.dtype, device: torch.device) -> list:
+        """Each chunk's mask over the keys before its end: causal, bottom-right aligned (torch's
+        `causal_lower_right`, which the flash and memory-efficient kernels take unmaterialised),
+        or where the block has documents an additive (B, 1, c, keys) mask that also keeps each
+        query inside its document, built once per forward and kept for its other layers."""
+        if self._block is None:
+            from torch.nn.attention.bias import causal_lower_right
+
+            return [causal_lower_right(c, (g + 1) * c) for g in self.chunks]
+        if self._masks is not None and self._masks[0].dtype == dtype:
+            return self._masks
+        doc = (self._block == 0).cumsum(dim=1)  # each token's document in the block
+        masks = []
+        for g in self.chunks:
+            n = (g + 1) * c
+            causal = torch.ones(c, n, dtype=torch.bool, device=device).tril(diagonal=n - c)
+            allowed = (causal & (doc[:, g * c:n, None] == doc[:, None, :n]))[:, None]
+            masks.append(torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf")))
+        if not torch.compiler.is_compiling():
+            self._masks = masks
+        return masks
+
+    def mean_loss(self, per_token: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The block's mean loss on every rank of the group: `per_token` (B, T/cp) this rank's
+        losses, `targets` (B, T) the whole block's (-100: no target)."""
+        mask = (self.take(targets) != -100).to(per_token.dtype)
+        count = (targets != -100).sum().clamp_min(1).to(per_token.dtype)
+        return reduce_from_tp_region((per_token * mask).sum() / count, self.group)
+
+
+def context_shard(grid) -> Optional[ContextShard]:
+    """This rank's shard under the grid's context parallelism (None without)."""
+    if not hasattr(grid, "get_sequence_parallel_group"):
+        return None
+    return ContextShard(grid.get_sequence_parallel_group(), grid.get_sequence_parallel_rank(),
+                        grid.get_sequence_parallel_world_size())
+
+
+def context_rank(grid) -> int:
+    """This rank's place in its cp group (0 without context parallelism)."""
+    return grid.get_sequence_parallel_rank() if hasattr(grid, "get_sequence_parallel_rank") else 0
+
+
+def context_zero(grid) -> dict:
+    """The coordinate of a cp group's first rank, for `grid.stage_to_global` (none without cp)."""
+    return {"context": 0} if hasattr(grid, "get_sequence_parallel_rank") else {}
+
+
+@contextlib.contextmanager
+def whole_sequences(model):
+    """Inside, the model runs every sequence whole on each rank (decoding, in-loop tasks of any
+    length): the weights are the same on every cp rank, so only time is spent, not correctness."""
+    context = getattr(model, "context", None)
+    if context is None or not context.enabled:
+        yield
+        return
+    context.enabled = False
+    try:
+        yield
+    finally:
+        context.enabled = True
+
+
+def _global_order(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Rank order (rank r's chunks r, 2size-1-r, then rank r+1's) -> chunks 0..2size-1."""
+    c = x.shape[HEAD_DIM_SEQUENCE] // (2 * size)
+    slot = [2 * g if g < size else 2 * (2 * size - 1 - g) + 1 for g in range(2 * size)]
+    return torch.cat([x.narrow(HEAD_DIM_SEQUENCE, s * c, c) for s in slot], dim=HEAD_DIM_SEQUENCE)
+
+
+def _rank_order(x: torch.Tensor, size: int) -> torch.Tensor:
+    c = x.shape[HEAD_DIM_SEQUENCE] // (2 * size)
+    chunks = [g for r in range(size) for g in (r, 2 * size - 1 - r)]
+    return torch.cat([x.narrow(HEAD_DIM_SEQUENCE, g * c, c) for g in chunks], dim=HEAD_DIM_SEQUENCE)
+
+
+class _GatherContext(torch.autograd.Function):
+    """All-gather the cp group's chunks into global order; the backward reduce-scatters."""
+
+    @staticmethod
+    def forward(ctx, t, shard: ContextShard):
+        ctx.shard = shard
+        return _global_order(_gather(t, HEAD_DIM_SEQUENCE, shard.group), shard.size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shard = ctx.shard
+        return _reduce_scatter(_rank_order(grad.contiguous(), shard.size), HEAD_DIM_SEQUENCE, shard.group), None
