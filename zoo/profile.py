@@ -35,7 +35,7 @@ def load_summary(path: str) -> dict:
 def side_by_side(a: dict, b: dict, names: List[str]) -> List[str]:
     def mean(summary, kind=None):
         rows = summary["ranks"]
-        return sum((r["ms"][kind] if kind else r["step_ms"]) for r in rows) / len(rows)
+        return sum((r["ms"].get(kind, 0.0) if kind else r["step_ms"]) for r in rows) / len(rows)  # a kind it predates: 0
 
     lines = [f"A: {names[0]}", f"B: {names[1]}", f"{'ms a step (mean over ranks)':<28}{'A':>10}{'B':>10}{'B / A':>8}"]
     for kind in ("step", *KINDS):

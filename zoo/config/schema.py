@@ -81,6 +81,12 @@ class ParallelConfig:
     """Context-parallel size (GPT, Llama): each rank of a cp group holds 2 of 2 x cp chunks of
     every sequence, attention all-gathers keys and values over the group (zoo.parallel.context).
     For sequences whose activations one device cannot hold; ranks = tp x cp x pp x dp."""
+    cp_recompute: bool = True
+    """With cp > 1: each layer's key/value gather and attention are recomputed in the backward
+    instead of keeping the whole sequence's keys and values (a layer's 2 x kv width x T, cp times
+    its own share's): a rank keeps near 1/cp of a sequence's activations, for one more gather and
+    attention forward a layer. false: keep them (faster, more memory). Under
+    model.activation_checkpointing the whole layer is recomputed anyway."""
     dp: Optional[int] = None
     """Data-parallel replicas. Local run: how many to start (None: 1). Under torchrun,
     the deepspeed launcher or srun: derived from the world size (a set value must match)."""

@@ -64,7 +64,7 @@ def validate(cfg: Config, layout: Layout, *, cuda_available: bool) -> List[str]:
         found = family_of_hf(m.init_from, FAMILIES.values())
         require(found.name == m.family, f"model.init_from={m.init_from} holds a {found.name} model and "
                                          f"model.family={m.family}; use model={found.name}")
-    _check_context(cfg, layout, spec)
+    _check_context(cfg, layout, spec, warnings)
     layers, what = spec.check(cfg, layout, warnings)
     require(spec.tp_rules is not None or layout.tp == 1,
              f"parallel.tp={layout.tp}: model.family={m.family} has no tensor-parallel rules; use parallel.tp=1")
@@ -365,9 +365,11 @@ def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
                         f"after 20 steps, against 0.00% at ZeRO-1); parallel.zero_stage=1 sums them in fp32")
 
 
-def _check_context(cfg: Config, layout: Layout, spec) -> None:
+def _check_context(cfg: Config, layout: Layout, spec, warnings: List[str]) -> None:
     """parallel.cp: a causal decoder without a pipeline (its blocks' split: check_transformer)."""
     if layout.cp == 1:
+        if not cfg.parallel.cp_recompute:
+            warnings.append("parallel.cp_recompute=false is read with parallel.cp > 1 only; this run has cp=1")
         return
     from zoo.families.registry import FAMILIES
 

@@ -53,7 +53,9 @@ class CausalLMTask(TextDocuments, Task):
     def build_options(self, grid) -> dict:
         from zoo.parallel.context import context_shard
 
-        return {**super().build_options(grid), "document_end": self.document_end, "context": context_shard(grid)}
+        recompute = self.cfg.parallel.cp_recompute and not self.cfg.model.activation_checkpointing  # (the layer is)
+        return {**super().build_options(grid), "document_end": self.document_end,
+                "context": context_shard(grid, recompute=recompute)}
 
     def plain_model(self) -> nn.Module:
         model = super().plain_model()

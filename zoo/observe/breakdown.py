@@ -2,7 +2,9 @@
 
 The trainer marks each step (`zoo.step`), its forward, backward, optimizer step and data
 wait (`zoo.forward`, ...; under pipeline parallelism DeepSpeed's schedule instructions), and
-the communication timer marks every torch.distributed call (`zoo.comm:all_reduce`, ...).
+the communication timer marks every torch.distributed call (`zoo.comm:all_reduce`, ...);
+context parallelism marks its key/value gathers and their gradients' reduce-scatters (`zoo.cp`,
+zoo.parallel.context), which count as `cp comm` whatever collective they use.
 A moment of a step counts once, for the first kind that covers it in PRIORITY order (an
 all-reduce inside the backward pass is communication, not backward); what no range covers
 is idle. Under pipeline parallelism a blocking receive is the wait for the neighbour stage,
@@ -21,6 +23,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 Span = Tuple[float, float]
 
 COMM_KINDS = {
+    "cp comm": (),  # zoo.parallel.context's ranges, not a call name
     "all-reduce": ("all_reduce", "all_reduce_coalesced", "reduce"),
     "all-gather": ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced",
                    "all_gather_object", "all_gather_single", "gather", "gather_object"),
@@ -33,7 +36,7 @@ COMM_KINDS = {
 COMPUTE = ("forward", "backward", "optimizer")
 # The pipeline's point-to-point instructions first (DeepSpeed may send by broadcast), then
 # each collective kind, the data wait, and compute from the innermost outwards.
-PRIORITY = ("send/recv", "all-reduce", "all-gather", "reduce-scatter", "broadcast", "other comm", "data",
+PRIORITY = ("send/recv", "cp comm", "all-reduce", "all-gather", "reduce-scatter", "broadcast", "other comm", "data",
             "optimizer", "backward", "forward")
 KINDS = (*COMPUTE, *(k for k in COMM_KINDS), "data", "idle")
 _BY_CALL = {call: kind for kind, calls in COMM_KINDS.items() for call in calls}
@@ -41,6 +44,8 @@ _BY_CALL = {call: kind for kind, calls in COMM_KINDS.items() for call in calls}
 
 def kind_of(name: str) -> str | None:
     """The breakdown kind of a profiler range name, or None for a range it does not count."""
+    if name == "zoo.cp":
+        return "cp comm"
     if name.startswith("zoo.comm:"):
         return _BY_CALL.get(name[len("zoo.comm:"):], "other comm")
     if name.startswith("zoo.") and name[4:] in (*COMPUTE, "data", "send/recv"):

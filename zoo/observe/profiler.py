@@ -223,7 +223,7 @@ def _ratio(values) -> float:
 def table_lines(summary: Dict[str, object], where: str = "") -> List[str]:
     """The breakdown as console lines: ms a step (share) per rank and kind, then the spread."""
     rows = summary["ranks"]
-    kinds = [k for k in KINDS if any(r["ms"][k] >= 0.05 for r in rows)]
+    kinds = [k for k in KINDS if any(r["ms"].get(k, 0.0) >= 0.05 for r in rows)]  # .get: profiles before a kind
     first, last = summary["steps"]
     lines = [f"zoo: profile of steps {first}-{last} on {len(rows)} rank(s), ms a step (share of the step)"
              + (f"; traces in {where}" if where else "")]

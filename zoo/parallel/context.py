@@ -33,16 +33,19 @@ import torch
 from zoo.parallel.mappings import _gather, _reduce_scatter, reduce_from_tp_region
 
 HEAD_DIM_SEQUENCE = 2  # attention's (B, heads, T, head_dim)
+PROFILE_RANGE = "zoo.cp"  # the profiler's breakdown counts what it covers as cp communication (zoo.observe.breakdown)
 
 
 class ContextShard:
     """This rank's share of every sequence in a cp group of `size` ranks."""
 
-    def __init__(self, group, rank: int, size: int):
+    def __init__(self, group, rank: int, size: int, recompute: bool = False):
         self.group, self.rank, self.size = group, rank, size
+        self.recompute = recompute  # parallel.cp_recompute: the gather and attention again in the backward
         self.enabled = True  # off inside whole_sequences
         self._block: Optional[torch.Tensor] = None  # the forward's block's document positions (None: none)
         self._masks: Optional[list] = None  # the forward's chunk masks, built by its first attention
+        self.unbuilt_causal: Optional[bool] = None  # causal_lower_right, not a built mask (None: on CUDA)
 
     @property
     def chunks(self) -> Tuple[int, int]:
@@ -73,33 +76,45 @@ class ContextShard:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Callable) -> torch.Tensor:
         """Attention of this rank's queries over the whole sequence's keys and values:
-        `attend(q, k, v, mask)` the layer's own SDPA call with an additive mask."""
+        `attend(q, k, v, mask)` the layer's own SDPA call with the chunk's mask. With `recompute`
+        the backward gathers and attends again (torch's non-reentrant checkpoint: it keeps this
+        rank's q, k, v and the masks, not the gathered keys and values)."""
+        masks = self.masks(q.shape[HEAD_DIM_SEQUENCE] // 2, q.dtype, q.device)  # outside: kept once, not rebuilt
+        if self.recompute and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self._attention, q, k, v, masks, attend, use_reentrant=False)
+        return self._attention(q, k, v, masks, attend)
+
+    def _attention(self, q, k, v, masks, attend) -> torch.Tensor:
         k, v = self.gather(k), self.gather(v)
         c = q.shape[HEAD_DIM_SEQUENCE] // 2
         out = []
-        for j, (g, mask) in enumerate(zip(self.chunks, self.masks(c, q.dtype, q.device))):
+        for j, (g, mask) in enumerate(zip(self.chunks, masks)):
             n = (g + 1) * c  # the keys up to this chunk's end
             out.append(attend(q.narrow(HEAD_DIM_SEQUENCE, j * c, c), k.narrow(HEAD_DIM_SEQUENCE, 0, n),
                               v.narrow(HEAD_DIM_SEQUENCE, 0, n), mask))
         return torch.cat(out, dim=HEAD_DIM_SEQUENCE)
 
     def masks(self, c: int, dtype: torch.dtype, device: torch.device) -> list:
-        """Each chunk's mask over the keys before its end: causal, bottom-right aligned (torch's
-        `causal_lower_right`, which the flash and memory-efficient kernels take unmaterialised),
-        or where the block has documents an additive (B, 1, c, keys) mask that also keeps each
-        query inside its document, built once per forward and kept for its other layers."""
-        if self._block is None:
+        """Each chunk's mask over the keys before its end: causal, bottom-right aligned. On CUDA
+        torch's `causal_lower_right`, which the flash and memory-efficient kernels take without
+        building it; elsewhere (the CPU's kernels build it in every call, and keep it for the
+        backward: a layer's c x keys floats) an additive (c, keys) mask built once per forward and
+        kept for its other layers. Where the block has documents, an additive (B, 1, c, keys)
+        mask that also keeps each query inside its document, likewise built once."""
+        unbuilt = device.type == "cuda" if self.unbuilt_causal is None else self.unbuilt_causal
+        if self._block is None and unbuilt:
             from torch.nn.attention.bias import causal_lower_right
 
             return [causal_lower_right(c, (g + 1) * c) for g in self.chunks]
         if self._masks is not None and self._masks[0].dtype == dtype:
             return self._masks
-        doc = (self._block == 0).cumsum(dim=1)  # each token's document in the block
+        doc = None if self._block is None else (self._block == 0).cumsum(dim=1)  # each token's document
         masks = []
         for g in self.chunks:
             n = (g + 1) * c
-            causal = torch.ones(c, n, dtype=torch.bool, device=device).tril(diagonal=n - c)
-            allowed = (causal & (doc[:, g * c:n, None] == doc[:, None, :n]))[:, None]
+            allowed = torch.ones(c, n, dtype=torch.bool, device=device).tril(diagonal=n - c)
+            if doc is not None:
+                allowed = (allowed & (doc[:, g * c:n, None] == doc[:, None, :n]))[:, None]
             masks.append(torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf")))
         if not torch.compiler.is_compiling():
             self._masks = masks
@@ -113,12 +128,12 @@ class ContextShard:
         return reduce_from_tp_region((per_token * mask).sum() / count, self.group)
 
 
-def context_shard(grid) -> Optional[ContextShard]:
+def context_shard(grid, recompute: bool = False) -> Optional[ContextShard]:
     """This rank's shard under the grid's context parallelism (None without)."""
     if not hasattr(grid, "get_sequence_parallel_group"):
         return None
     return ContextShard(grid.get_sequence_parallel_group(), grid.get_sequence_parallel_rank(),
-                        grid.get_sequence_parallel_world_size())
+                        grid.get_sequence_parallel_world_size(), recompute=recompute)
 
 
 def context_rank(grid) -> int:
@@ -165,9 +180,11 @@ class _GatherContext(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t, shard: ContextShard):
         ctx.shard = shard
-        return _global_order(_gather(t, HEAD_DIM_SEQUENCE, shard.group), shard.size)
+        with torch.profiler.record_function(PROFILE_RANGE):
+            return _global_order(_gather(t, HEAD_DIM_SEQUENCE, shard.group), shard.size)
 
     @staticmethod
     def backward(ctx, grad):
         shard = ctx.shard
-        return _reduce_scatter(_rank_order(grad.contiguous(), shard.size), HEAD_DIM_SEQUENCE, shard.group), None
+        with torch.profiler.record_function(PROFILE_RANGE):
+            return _reduce_scatter(_rank_order(grad.contiguous(), shard.size), HEAD_DIM_SEQUENCE, shard.group), None

@@ -20,7 +20,7 @@ from zoo.plan.settings import machine_preset
 from zoo.run.errors import ConfigError
 
 # A key given on the command line -> the planner's restriction that keeps it.
-KEPT = {"parallel.tp": "tp", "parallel.pp": "pp", "parallel.zero_stage": "zero_stages",
+KEPT = {"parallel.tp": "tp", "parallel.cp": "cp", "parallel.pp": "pp", "parallel.zero_stage": "zero_stages",
         "trainer.micro_batch_size": "micro_batch_sizes", "model.activation_checkpointing": "activation_checkpointing",
         "parallel.sequence_parallel": "sequence_parallel"}
 GB = 1e9
@@ -58,7 +58,7 @@ def _cluster(cuda: bool, world: int, per_node: int, device_bytes: float, host_by
 
 def _restrictions(cfg: Config, given: Dict[str, str]) -> Dict[str, object]:
     """The planner's search narrowed to the command line's layout keys (their composed values)."""
-    values = {"parallel.tp": [cfg.parallel.tp], "parallel.pp": [cfg.parallel.pp],
+    values = {"parallel.tp": [cfg.parallel.tp], "parallel.cp": [cfg.parallel.cp], "parallel.pp": [cfg.parallel.pp],
               "parallel.zero_stage": [cfg.parallel.zero_stage],
               "trainer.micro_batch_size": [cfg.trainer.micro_batch_size],
               "model.activation_checkpointing": [cfg.model.activation_checkpointing],
@@ -99,10 +99,6 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
         raise ConfigError(f"parallel.dp={given['parallel.dp']} with parallel=auto: the plan sets dp = ranks / (tp x pp); "
                           f"set the ranks to start with parallel.world_size (zoo's launcher) or the launcher's own, "
                           f"or drop parallel=auto")
-    if cfg.parallel.cp > 1:
-        raise ConfigError(f"parallel.cp={cfg.parallel.cp} with parallel=auto: the planner does not model context "
-                          f"parallelism yet; set the layout yourself (e.g. parallel=tp parallel.cp={cfg.parallel.cp} "
-                          f"parallel.dp=N) or drop parallel.cp")
     kept = _restrictions(cfg, given)
     if kept.get("micro_batch_sizes") == ["auto"]:
         kept.pop("micro_batch_sizes")
@@ -113,7 +109,8 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
                              precision=cfg.precision, trainer=cfg.trainer, optim=cfg.optim,
                              plan=dataclasses.replace(PlanConfig(), vocab_size=vocab_size, measure=cfg.plan.measure,
                                                       measure_steps=cfg.plan.measure_steps,
-                                                      document_mask=cfg.data.document_mask, **kept))
+                                                      document_mask=cfg.data.document_mask,
+                                                      cp_recompute=cfg.parallel.cp_recompute, **kept))
     named = ", ".join(f"{k}={given[k]}" for k in KEPT if k in given)
     try:
         plan = make_plan(plan_cfg)
@@ -136,7 +133,7 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     if cfg.plan.measure is not None:
         best, reason = _measured_pick(plan, measure, devices_here)
     lay = best.layout
-    parallel = dataclasses.replace(cfg.parallel, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
+    parallel = dataclasses.replace(cfg.parallel, tp=lay.tp, cp=lay.cp, pp=lay.pp, dp=lay.dp, zero_stage=lay.zero_stage,
                                    num_microbatches=lay.grad_accum if lay.pp > 1 else None,
                                    sequence_parallel=lay.tp > 1 and plan.plan.sequence_parallel)
     finder = given.get("trainer.micro_batch_size") == "auto"  # the batch finder measures it on the ranks
@@ -144,7 +141,8 @@ def plan_layout(cfg: Config, *, world: int, per_node: int, device_bytes: float, 
     model = dataclasses.replace(cfg.model, activation_checkpointing=lay.activation_checkpointing)
     planned = dataclasses.replace(cfg, parallel=parallel, trainer=trainer, model=model)
     nodes = world // per_node
-    lines = [f"parallel=auto: tp={lay.tp} pp={lay.pp} dp={lay.dp} zero_stage={lay.zero_stage}, micro-batch "
+    lines = [f"parallel=auto: tp={lay.tp} {f'cp={lay.cp} ' if lay.cp > 1 else ''}pp={lay.pp} dp={lay.dp} "
+             f"zero_stage={lay.zero_stage}, micro-batch "
              f"{lay.micro_batch_size} x {lay.grad_accum} accumulated (global batch {cfg.trainer.global_batch_size}), "
              f"activation checkpointing {'on' if lay.activation_checkpointing else 'off'}, planned for {world} "
              f"rank(s) on {nodes} node(s) of {device_bytes / GB:.1f} GB each: {best.mem.total / GB:.2f} GB a rank"

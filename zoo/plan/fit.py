@@ -42,7 +42,8 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
                 mem_fraction: float = 0.8, bucket_elems: int = 500_000_000,
                 document_mask: bool = False, runtime_bytes: float = 0.0,
                 resident_on_write: bool = False, engine_bytes_per_param=(),
-                moments: int = ADAM_MOMENT_BYTES) -> Tuple[bool, Dict[str, int]]:
+                moments: int = ADAM_MOMENT_BYTES, builds_causal_masks: bool = False,
+                cp_recompute: bool = True) -> Tuple[bool, Dict[str, int]]:
     """(fits, bytes per device) of training `model_cfg` with `layout` and this micro-batch.
 
     `fits` is total <= mem_fraction * device_mem_bytes. The dict has params, grads, optimizer,
@@ -50,7 +51,9 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
     micro-batches (how many are in flight); `vocab_size` the tokenizer's, padded as training pads it;
     `document_mask`: data.document_mask's attention mask counted (one per micro-batch in flight);
     `runtime_bytes`, `resident_on_write` and `engine_bytes_per_param`: the machine's (machine_costs());
-    `moments`: the optimizer's state bytes a parameter (zoo.plan.memory.moment_bytes; AdamW's 8).
+    `moments`: the optimizer's state bytes a parameter (zoo.plan.memory.moment_bytes; AdamW's 8);
+    `builds_causal_masks`: context parallelism's causal masks are built (not on CUDA);
+    `cp_recompute`: parallel.cp_recompute.
     """
     if device_mem_bytes <= 0:
         raise ValueError(f"device_mem_bytes={device_mem_bytes} must be positive: the memory of one device")
@@ -59,10 +62,11 @@ def predict_fit(model_cfg: ModelConfig, layout: Layout, micro_batch: int, dtype:
     desc = describe_model(model_cfg, vocab_size)
     lay = PlanLayout(tp=layout.tp, pp=layout.pp, dp=layout.dp, zero_stage=layout.zero_stage,
                      micro_batch_size=micro_batch, grad_accum=grad_accum,
-                     activation_checkpointing=model_cfg.activation_checkpointing)
+                     activation_checkpointing=model_cfg.activation_checkpointing, cp=layout.cp)
     mem = layout_memory(desc, lay, dtype=dtype, sequence_parallel=sequence_parallel, bucket_elems=bucket_elems,
                         document_mask=document_mask, runtime_bytes=runtime_bytes, resident_on_write=resident_on_write,
-                        engine_bytes_per_param=engine_bytes_per_param, moments=moments)
+                        engine_bytes_per_param=engine_bytes_per_param, moments=moments,
+                        builds_causal_masks=builds_causal_masks, cp_recompute=cp_recompute)
     limit = mem_fraction * device_mem_bytes
     return mem.total <= limit, {**mem.as_dict(), "limit": int(limit), "num_params": desc.num_params}
 
@@ -91,8 +95,15 @@ def run_memory(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_si
                             vocab_size=vocab_size, mem_fraction=mem_fraction,
                             document_mask=cfg.data.document_mask, runtime_bytes=runtime,
                             resident_on_write=resident_on_write, engine_bytes_per_param=engine,
-                            moments=moment_bytes(cfg.optim.name, cfg.optim.momentum))
+                            moments=moment_bytes(cfg.optim.name, cfg.optim.momentum),
+                            builds_causal_masks=not _cuda(), cp_recompute=cfg.parallel.cp_recompute)
     return fits, mem, micro, accum
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def fit_warning(cfg: Config, layout: Layout, device_mem_bytes: float, *, vocab_size: int = GPT2_VOCAB,

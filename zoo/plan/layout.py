@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # the topology module imports DeepSpeed; the estimates do not
 
 @dataclass(frozen=True)
 class PlanLayout:
-    """A complete layout: tp x pp x dp ranks, ZeRO stage and how a step's batch is cut."""
+    """A complete layout: tp x cp x pp x dp ranks, ZeRO stage and how a step's batch is cut."""
 
     tp: int
     """Tensor-parallel size."""
@@ -26,17 +26,25 @@ class PlanLayout:
     """Micro-batches per rank per step (the pipeline's micro-batches when pp > 1)."""
     activation_checkpointing: bool = False
     """Full recomputation at layer boundaries."""
+    cp: int = 1
+    """Context-parallel size: ranks sharing each sequence (zoo.parallel.context)."""
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same parameters, which ZeRO partitions over and gradients are reduced
+        over: dp x cp."""
+        return self.dp * self.cp
 
     @property
     def grid(self) -> "Layout":
         """The rank grid, as `zoo.parallel.topology` builds it."""
         from zoo.parallel.topology import Layout
 
-        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, zero_stage=self.zero_stage)
+        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, zero_stage=self.zero_stage, cp=self.cp)
 
 
 def stage_layer_counts(n_layer: int, pp: int) -> List[int]:

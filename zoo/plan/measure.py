@@ -88,7 +88,8 @@ def measure(plan: Plan, k: int, steps: int) -> List[Measured]:
 
 def name(c: Candidate) -> str:
     lay = c.layout
-    return (f"tp={lay.tp} pp={lay.pp} dp={lay.dp} z{lay.zero_stage} mb={lay.micro_batch_size} "
+    return (f"tp={lay.tp} {f'cp={lay.cp} ' if lay.cp > 1 else ''}pp={lay.pp} dp={lay.dp} z{lay.zero_stage} "
+            f"mb={lay.micro_batch_size} "
             f"acc={lay.grad_accum}{' ac' if lay.activation_checkpointing else ''}")
 
 

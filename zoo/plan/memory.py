@@ -16,6 +16,14 @@ checkpointing a layer keeps only its input, and backward recomputes one layer at
 Backward's largest transient joins them: a recomputed layer's full set, or the loss's float32
 gradient of the logits, allocated while the logits and their softmax are still kept.
 
+Context parallelism (cp ranks share each sequence, zoo.parallel.context) divides the tokens of
+a micro-batch by cp; each layer then keeps the whole sequence's keys and values (the gathered
+tensors attention saves, kv_width a token) in place of its own share's, and the chunks' masks
+where they are built (documents; the CPU's kernels: c x (2cp+1)c of them, c = T / 2cp), unless
+the gather and attention are recomputed in the backward (parallel.cp_recompute, or activation
+checkpointing): then one layer's gathered keys and values are a transient of the backward. The
+model states are partitioned over dp x cp.
+
 Buffers are DeepSpeed's: the gradient reduce bucket of ZeRO 1-3 (allocated at its full
 size; on a cluster whose memory is resident only where written, the CPU's, as much of it as
 the stage's gradients fill), the flattened all-reduce chunks of stage 0, the gathered parameters of two layers
@@ -125,33 +133,43 @@ def stage_params(desc: ModelDesc, pp: int, stage: int, tp: int) -> float:
 def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, sequence_parallel: bool,
                  bucket_elems: int, resident_on_write: bool = False, document_mask: bool = False,
                  engine_bytes_per_param: Sequence[Sequence[float]] = (),
-                 moments: int = ADAM_MOMENT_BYTES) -> MemoryEstimate:
+                 moments: int = ADAM_MOMENT_BYTES, builds_causal_masks: bool = False,
+                 cp_recompute: bool = True) -> MemoryEstimate:
     """Bytes on one accelerator of pipeline stage `stage` (`moments`: the optimizer's state bytes a
     parameter, moment_bytes); `resident_on_write`: memory counts
     where written (host memory), so the reduce bucket holds at most the stage's gradients;
     `document_mask`: a stage with layers keeps one (B, 1, T, T) attention mask in the dtype
     per micro-batch in flight (zoo.models.documents.attention_mask), not split by tp or sp;
     `engine_bytes_per_param`: (a, b) for ZeRO stages 0-3, the engine's measured working set of
-    a + b / dp bytes a parameter of the stage's tp share (MemoryEstimate.engine)."""
+    a + b / dp bytes a parameter of the stage's tp share (MemoryEstimate.engine); `builds_causal_masks`:
+    context parallelism's causal chunk masks are built (the cluster's builds_causal_masks);
+    `cp_recompute`: parallel.cp_recompute (the gathered keys and values not kept)."""
     elt, tp = DTYPE_BYTES[dtype], lay.tp
     sp = sequence_parallel and tp > 1
     pieces = stage_pieces(desc, lay.pp, stage)
     n = stage_params(desc, lay.pp, stage, tp)
-    states = model_state_bytes(n, lay.dp, lay.zero_stage, dtype, moments)
+    states = model_state_bytes(n, lay.replicas, lay.zero_stage, dtype, moments)
 
-    tokens = lay.micro_batch_size * desc.tokens_per_sample
+    tokens = lay.micro_batch_size * desc.tokens_per_sample / lay.cp  # this rank's share of each sequence
     kept = sum((p.checkpoint if lay.activation_checkpointing else p.activations).bytes_per_token(elt, tp, sp)
                for p in pieces)
     in_flight = min(lay.pp - stage, lay.grad_accum)
     activations = in_flight * tokens * kept
     layers = stage_layers(desc, lay.pp, stage)
-    if document_mask and layers:
-        activations += in_flight * tokens * desc.tokens_per_sample * elt
+    if document_mask and layers:  # (B, 1, T, T); under cp each chunk's rows over the keys before its end
+        activations += in_flight * lay.micro_batch_size * _mask_elems(desc.tokens_per_sample, lay.cp) * elt
+    elif builds_causal_masks and lay.cp > 1 and layers:  # one (c, keys) mask a chunk, whatever the batch
+        activations += in_flight * _mask_elems(desc.tokens_per_sample, lay.cp) * elt
+    # cp: a layer keeps the gathered keys and values of the whole sequence (its own share is counted above)
+    gathered = lay.micro_batch_size * desc.tokens_per_sample * (1 - 1 / lay.cp) * desc.kv_width / tp * elt
+    regathered = lay.activation_checkpointing or cp_recompute  # in the backward, one layer at a time
+    if not regathered:
+        activations += in_flight * len(layers) * gathered
     # Transients of backward, one piece at a time: a recomputed layer's full set (activation
     # checkpointing), or what a piece's backward allocates beside what it keeps (the logits' gradient).
     transient = max([p.backward_extra.bytes_per_token(elt, tp, sp) for p in pieces]
                     + [p.activations.bytes_per_token(elt, tp, sp) for p in layers if lay.activation_checkpointing])
-    activations += tokens * transient
+    activations += tokens * transient + (gathered if regathered and layers else 0)
 
     buffers = 0.0
     if lay.zero_stage == 0 and lay.dp > 1:  # gradients flattened into <= bucket-sized chunks to all-reduce
@@ -165,16 +183,26 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
     engine = 0.0
     if lay.zero_stage < len(engine_bytes_per_param):
         a, b = engine_bytes_per_param[lay.zero_stage]
-        engine = (a + b / lay.dp) * n
+        engine = (a + b / lay.replicas) * n
     return MemoryEstimate(params=states.params, grads=states.grads, optimizer=states.optimizer,
                           activations=activations, buffers=buffers, engine=engine)
+
+
+def _mask_elems(T: int, cp: int) -> float:
+    """Elements of one sample's attention mask: T x T, or under cp a rank's two chunks' rows over
+    the keys before each one's end, c x (2cp + 1) c with c = T / 2cp (the same on every rank)."""
+    if cp == 1:
+        return T * T
+    c = T / (2 * cp)
+    return c * (2 * cp + 1) * c
 
 
 def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_parallel: bool = True,
                   bucket_elems: int = 500_000_000, runtime_bytes: float = 0.0,
                   resident_on_write: bool = False, document_mask: bool = False,
                   engine_bytes_per_param: Sequence[Sequence[float]] = (),
-                  moments: int = ADAM_MOMENT_BYTES) -> MemoryEstimate:
+                  moments: int = ADAM_MOMENT_BYTES, builds_causal_masks: bool = False,
+                  cp_recompute: bool = True) -> MemoryEstimate:
     """The heaviest accelerator of the layout: the first pipeline stage (most micro-batches in
     flight, the embedding) or the last (the output layer and its logits); with `runtime_bytes`
     (a rank's memory before any model) added."""
@@ -182,7 +210,7 @@ def layout_memory(desc: ModelDesc, lay: PlanLayout, *, dtype: str, sequence_para
     heaviest = max((stage_memory(desc, lay, s, dtype=dtype, sequence_parallel=sequence_parallel,
                                  bucket_elems=bucket_elems, resident_on_write=resident_on_write,
                                  document_mask=document_mask, engine_bytes_per_param=engine_bytes_per_param,
-                                 moments=moments)
+                                 moments=moments, builds_causal_masks=builds_causal_masks, cp_recompute=cp_recompute)
                     for s in stages),
                    key=lambda m: m.total)
     return replace(heaviest, runtime=runtime_bytes)
@@ -217,7 +245,7 @@ def host_memory(desc: ModelDesc, lay: PlanLayout, ranks_per_node: int,
     heaviest pipeline stage's share: the first or the last; `moments` as in model_state_bytes)."""
     largest = 4 * max([desc.embedding.params.total, desc.head.params.total]
                       + [p.params.total / 4 for p in desc.layers])  # a layer's largest matrix: ~1/4 of it
-    share = max(model_state_bytes(stage_params(desc, lay.pp, s, lay.tp), lay.dp, 1, "fp32", moments).optimizer
+    share = max(model_state_bytes(stage_params(desc, lay.pp, s, lay.tp), lay.replicas, 1, "fp32", moments).optimizer
                 for s in {0, lay.pp - 1})  # the fp32 master and the optimizer's state of its partition
     return HostEstimate(per_rank_transient=largest, final_weights=largest, async_staging=share,
                         ranks=min(ranks_per_node, lay.world_size))

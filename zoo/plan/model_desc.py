@@ -98,6 +98,9 @@ class ModelDesc:
     tokens of a micro-batch as M it gives the arithmetic intensity that bounds efficiency."""
     tp_divides: Dict[str, int]
     """Sizes tp must divide, by the name the error message uses."""
+    kv_width: int = 0
+    """Elements per token of one layer's keys and values together (2 x n_kv_head x head_dim): what
+    context parallelism all-gathers and keeps whole; 0: the family has no context parallelism."""
 
     @property
     def n_layer(self) -> int:

@@ -23,34 +23,45 @@ def _best(cands: List[Candidate], pred) -> Optional[Candidate]:
     return next((c for c in cands if pred(c)), None)
 
 
+def _split(lay) -> str:
+    """How the model's ranks multiply: `tp x pp = 8`, with cp `tp x cp x pp = 8`."""
+    if lay.cp > 1:
+        return f"tp x cp x pp = {lay.tp * lay.cp * lay.pp}"
+    return f"tp x pp = {lay.tp * lay.pp}"
+
+
 def _model_split_reason(p: Plan, best: Candidate) -> str:
     lay, usable, gpu = best.layout, p.usable_bytes, p.cluster.device
     replica = model_state_bytes(p.desc.num_params, 1, 0, p.dtype, p.moments).total
-    if lay.tp == lay.pp == 1 and replica > usable:
+    if lay.tp == lay.cp == lay.pp == 1 and replica > usable:
         states = best.mem.params + best.mem.grads + best.mem.optimizer
         return (f"Data parallelism with the model states partitioned: a whole replica ({replica / GB:.1f} GB of "
                 f"parameters, gradients and optimizer states) is more than one {gpu}'s {usable / GB:.1f} GB usable, but "
                 f"ZeRO-{lay.zero_stage} over dp={lay.dp} leaves each {gpu} {states / GB:.1f} GB of them, so tp=1, pp=1: "
                 f"no model-parallel communication, ZeRO's gathers and reduce-scatters instead.")
-    if lay.tp == lay.pp == 1:
+    if lay.tp == lay.cp == lay.pp == 1:
         return (f"Data parallelism while the model fits: a whole replica ({replica / GB:.1f} GB of parameters, "
                 f"gradients and optimizer states) fits one {gpu}'s {usable / GB:.1f} GB usable, so tp=1, pp=1 and every "
                 f"{gpu} is a replica: no model-parallel communication at all.")
-    replicas = [x for x in p.candidates if x.layout.tp == x.layout.pp == 1]
+    replicas = [x for x in p.candidates if x.layout.tp == x.layout.cp == x.layout.pp == 1]
     pure_dp = _best(replicas, lambda x: x.fits)
+    kept = [f"{k}={getattr(p.plan, k)}" for k in ("tp", "cp", "pp") if getattr(p.plan, k) and 1 not in getattr(p.plan, k)]
+    if not replicas and kept:
+        return (f"The model is split {_split(lay)} ways as the layout kept from the command line asks "
+                f"(plan {', '.join(kept)}).")
     if not replicas:
         world = p.cluster.nodes * p.cluster.gpus_per_node
         return (f"Pure data parallelism is impossible: dp={world} with the smallest micro-batch does not divide the "
-                f"global batch {p.global_batch_size}; the model is split tp x pp = {lay.tp * lay.pp} ways instead.")
+                f"global batch {p.global_batch_size}; the model is split {_split(lay)} ways instead.")
     if pure_dp is None:
         smallest = min(replicas, key=lambda x: x.mem.total)
         return (f"The model does not fit as a data-parallel replica: {replica / GB:.1f} GB of model states without "
                 f"ZeRO, and the smallest pure data-parallel estimate is {smallest.mem.total / GB:.1f} GB "
                 f"(ZeRO-{smallest.layout.zero_stage}, micro-batch {smallest.layout.micro_batch_size}) > "
-                f"{usable / GB:.1f} GB usable; so it is split tp x pp = {lay.tp * lay.pp} ways.")
+                f"{usable / GB:.1f} GB usable; so it is split {_split(lay)} ways.")
     return (f"A pure data-parallel layout fits too (ZeRO-{pure_dp.layout.zero_stage}, {pure_dp.time.total:.3g} s/step) "
             f"but is {pure_dp.time.total / best.time.total - 1:.0%} slower: its data-parallel traffic "
-            f"({pure_dp.time.dp_comm:.3g} s/step) costs more than splitting the model tp x pp = {lay.tp * lay.pp} ways.")
+            f"({pure_dp.time.dp_comm:.3g} s/step) costs more than splitting the model {_split(lay)} ways.")
 
 
 def reasons(p: Plan) -> List[str]:
@@ -68,6 +79,13 @@ def reasons(p: Plan) -> List[str]:
         out.append(f"Tensor parallelism inside a node: tp={lay.tp} of the {c.gpus_per_node} {c.device}s of a node; its 4 "
                    f"all-reduces per layer per micro-batch run over {_link(c)} at {c.intra_node_gbps:g} GB/s "
                    f"({best.time.tp_comm:.3g} s/step).")
+    if lay.cp > 1:
+        T = p.desc.tokens_per_sample
+        where = "across nodes" if spans_nodes(lay.tp * lay.cp, c) else "inside the node, beside tp"
+        out.append(f"Context parallelism {where}: cp={lay.cp} ranks share each sequence of {T} tokens ({T // lay.cp} "
+                   f"a rank, in 2 x {lay.cp} chunks), so a {c.device} keeps 1/{lay.cp} of a sequence's activations "
+                   f"({best.mem.activations / GB:.1f} GB here); each layer all-gathers the keys and values "
+                   f"({best.time.cp_comm:.3g} s/step).")
     if lay.pp > 1:
         counts = stage_layer_counts(p.desc.n_layer, lay.pp)
         split = (f"{counts[0]} layers each" if len(set(counts)) == 1 else
@@ -106,13 +124,13 @@ def reasons(p: Plan) -> List[str]:
 
 def _row(rank: int, x: Candidate) -> str:
     lay, m = x.layout, x.mem
-    return (f"{rank:>3} {lay.tp:>3} {lay.pp:>3} {lay.dp:>5} {lay.zero_stage:>4} {lay.micro_batch_size:>5} "
+    return (f"{rank:>3} {lay.tp:>3} {lay.cp:>3} {lay.pp:>3} {lay.dp:>4} {lay.zero_stage:>4} {lay.micro_batch_size:>5} "
             f"{lay.grad_accum:>5} {'on' if lay.activation_checkpointing else 'off':>4} "
             f"{m.params / GB:>7.1f} {m.grads / GB:>6.1f} {m.optimizer / GB:>6.1f} {m.activations / GB:>6.1f} "
-            f"{m.buffers / GB:>6.1f} {m.total / GB:>7.1f} {x.time.total:>9.3f} {x.tokens_per_s:>11.0f} {'yes' if x.fits else 'no':>4}")
+            f"{m.buffers / GB:>6.1f} {m.total / GB:>7.1f} {x.time.total:>8.3f} {x.tokens_per_s:>9.0f} {'yes' if x.fits else 'no':>4}")
 
 
-HEADER = ("  # " + " tp  pp    dp zero micro accum ckpt  params  grads  optim   acts   bufs   total    step_s    tokens/s fits")
+HEADER = ("  # " + " tp  cp  pp   dp zero micro accum ckpt  params  grads  optim   acts   bufs   total   step_s  tokens/s fits")
 
 
 def trimmed_diagram(text: str, max_items: int) -> str:
@@ -156,12 +174,14 @@ def render_text(p: Plan) -> str:
                 _row(1, smallest)]
         return "\n".join(out) + "\n"
     lay = best.layout
-    head = [f"RECOMMENDED: tp={lay.tp} pp={lay.pp} dp={lay.dp} zero_stage={lay.zero_stage} "
+    head = [f"RECOMMENDED: tp={lay.tp} {f'cp={lay.cp} ' if lay.cp > 1 else ''}pp={lay.pp} dp={lay.dp} "
+            f"zero_stage={lay.zero_stage} "
             f"micro_batch_size={lay.micro_batch_size} grad_accum={lay.grad_accum} "
             f"activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"  {best.mem.total / GB:.1f} GB per {c.device}, {best.time.total:.3f} s/step, {best.tokens_per_s:,.0f} tokens/s",
             "  step (s): " + ", ".join(f"{k} {v:.3f}" for k, v in best.time.as_dict().items()
-                                          if k != "total" and (v or k != "overhead")),  # overhead: where a preset has it
+                                          # overhead: where a preset has it; cp_comm: with cp
+                                          if k != "total" and (v or k not in ("overhead", "cp_comm"))),
             "  train with: python -m zoo.train " + " ".join(train_overrides(p, best)),
             "  (add --dry-run to that command to check it where it will run: validated and planned, nothing "
             "started)"] + host_lines(p, best)
@@ -237,11 +257,14 @@ def train_overrides(p: Plan, best: Candidate) -> List[str]:
             out.append(f"model.vocab_size={padded_vocab(p.vocab_size, model)}")
     batch = (f"parallel.num_microbatches={lay.grad_accum}" if lay.pp > 1  # the engine derives the micro-batch
              else f"trainer.micro_batch_size={lay.micro_batch_size}")
-    out += [f"precision={p.dtype}", f"parallel.tp={lay.tp}", f"parallel.pp={lay.pp}", f"parallel.dp={lay.dp}",
+    out += [f"precision={p.dtype}", f"parallel.tp={lay.tp}", *([f"parallel.cp={lay.cp}"] if lay.cp > 1 else []),
+            f"parallel.pp={lay.pp}", f"parallel.dp={lay.dp}",
             f"parallel.zero_stage={lay.zero_stage}", batch, f"trainer.global_batch_size={p.global_batch_size}",
             f"model.activation_checkpointing={str(lay.activation_checkpointing).lower()}"]
     if lay.tp > 1 and p.plan.sequence_parallel:
         out.append("parallel.sequence_parallel=true")
+    if lay.cp > 1 and not p.plan.cp_recompute:
+        out.append("parallel.cp_recompute=false")
     if p.plan.document_mask:
         out.append("data.document_mask=true")
     return out
@@ -253,18 +276,24 @@ def topology_summary(lay, c) -> List[str]:
 
     world, per_node = lay.world_size, c.gpus_per_node
     hosts = compress_hosts(f"node{r // per_node}" for r in range(world))
-    out = [f"  {world} ranks on {hosts} ({min(per_node, world)} per node); ranks are ordered dp, pp, tp (tp fastest)"]
+    order = "dp, pp, cp, tp" if lay.cp > 1 else "dp, pp, tp"
+    out = [f"  {world} ranks on {hosts} ({min(per_node, world)} per node); ranks are ordered {order} (tp fastest)"]
     if lay.tp > 1:
         inside = per_node % lay.tp == 0
         out.append(f"  tensor parallel: {world // lay.tp} groups of {lay.tp} adjacent ranks, "
                    + ("each inside one node" if inside else f"SOME CROSS NODES ({lay.tp} does not divide {per_node})"))
+    if lay.cp > 1:
+        inside = per_node % (lay.tp * lay.cp) == 0
+        out.append(f"  context parallel: {world // lay.cp} group(s) of {lay.cp} ranks {lay.tp} apart, "
+                   + ("each inside one node" if inside else f"SOME CROSS NODES (tp x cp = {lay.tp * lay.cp} does not "
+                                                               f"divide {per_node})"))
     if lay.pp > 1:
         replica = lay.tp * lay.pp
         where = "across nodes" if replica > per_node else "inside one node"
         out.append(f"  pipeline: {lay.pp} stages of {lay.tp} rank(s) per replica, neighbours {lay.tp} ranks apart, "
                    f"a replica's {replica} ranks {where}")
     if lay.dp > 1:
-        out.append(f"  data parallel: {lay.dp} replicas of {lay.tp * lay.pp} rank(s), outermost"
+        out.append(f"  data parallel: {lay.dp} replicas of {lay.tp * lay.cp * lay.pp} rank(s), outermost"
                    + (" (across nodes)" if world > per_node else ""))
     return out
 

@@ -3,7 +3,9 @@
 tp: the divisors of the node's accelerators that divide every size the model lists
 (heads, FFN width, padded vocabulary); a tp group never leaves a node. pp: 1 up to the
 number of layers, where tp*pp divides the world (the layers need not divide evenly: the
-first stages take one more). dp: the rest. ZeRO 0-3 when dp > 1, only 0-1 with pp > 1
+first stages take one more). cp (GPT, Llama; without a pipeline): the sizes whose tp x cp group
+stays inside a node and whose 2 x cp chunks divide the sequence (with sequence parallelism, tp
+dividing a cp rank's share too). dp: the rest. ZeRO 0-3 when dp > 1, only 0-1 with pp > 1
 (DeepSpeed's pipeline engine supports ZeRO-1 at most). Micro-batch sizes whose product
 with dp divides the global batch; the accumulation is global / (micro * dp), at least pp
 with a pipeline (zoo.config.validate: a micro-batch per stage in flight). Activation
@@ -45,7 +47,7 @@ class Candidate:
 
     def as_dict(self) -> dict:
         lay = self.layout
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+        return {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
                 "micro_batch_size": lay.micro_batch_size, "grad_accum": lay.grad_accum,
                 "activation_checkpointing": lay.activation_checkpointing, "mem_bytes": self.mem.as_dict(),
                 "fits": self.fits, "step_time_s": self.time.total, "step_time_parts_s": self.time.as_dict(),
@@ -60,8 +62,10 @@ def estimate(desc: ModelDesc, layout: PlanLayout, cluster: ClusterConfig, *, dty
     mem = layout_memory(desc, layout, dtype=dtype, sequence_parallel=plan.sequence_parallel,
                         bucket_elems=plan.zero_bucket_elems, runtime_bytes=cluster.runtime_gb * GB,
                         resident_on_write=cluster.resident_on_write, document_mask=plan.document_mask,
-                        engine_bytes_per_param=cluster.engine_bytes_per_param, moments=moments)
-    time = step_time(desc, layout, cluster, dtype=dtype, sequence_parallel=plan.sequence_parallel, moments=moments)
+                        engine_bytes_per_param=cluster.engine_bytes_per_param, moments=moments,
+                        builds_causal_masks=cluster.builds_causal_masks, cp_recompute=plan.cp_recompute)
+    time = step_time(desc, layout, cluster, dtype=dtype, sequence_parallel=plan.sequence_parallel, moments=moments,
+                     cp_recompute=plan.cp_recompute)
     tokens = layout.dp * layout.micro_batch_size * layout.grad_accum * desc.tokens_per_sample
     return Candidate(layout=layout, mem=mem, time=time, fits=mem.total <= plan.mem_fraction * cluster.gpu_mem_gb * GB,
                      tokens_per_s=tokens / time.total)
@@ -73,29 +77,41 @@ def tp_sizes(desc: ModelDesc, gpus_per_node: int) -> List[int]:
             if gpus_per_node % t == 0 and all(size % t == 0 for size in desc.tp_divides.values())]
 
 
+def cp_sizes(desc: ModelDesc, gpus_per_node: int, tp: int, plan: PlanConfig) -> List[int]:
+    """Context-parallel sizes beside `tp`: the tp x cp group inside a node, 2 x cp chunks of the
+    sequence (zoo.parallel.context), tp dividing a cp rank's share under sequence parallelism; 1
+    for a family without context parallelism (kv_width 0)."""
+    T = desc.tokens_per_sample
+    out = [c for c in range(1, gpus_per_node // tp + 1)
+           if c == 1 or (desc.kv_width and gpus_per_node % (tp * c) == 0 and T % (2 * c) == 0
+                         and not (plan.sequence_parallel and tp > 1 and (T // c) % tp))]
+    return [c for c in out if plan.cp is None or c in plan.cp]
+
+
 def _grids(desc: ModelDesc, cluster: ClusterConfig, plan: PlanConfig) -> Iterator[tuple]:
     world = cluster.nodes * cluster.gpus_per_node
     for tp in tp_sizes(desc, cluster.gpus_per_node):
         if plan.tp is not None and tp not in plan.tp:
             continue
-        for pp in range(1, min(desc.n_layer, world // tp) + 1):
-            if world % (tp * pp) == 0 and (plan.pp is None or pp in plan.pp):
-                yield tp, pp, world // (tp * pp)
+        for cp in cp_sizes(desc, cluster.gpus_per_node, tp, plan):
+            for pp in range(1, min(desc.n_layer, world // (tp * cp)) + 1):
+                if world % (tp * cp * pp) == 0 and (plan.pp is None or pp in plan.pp) and (cp == 1 or pp == 1):
+                    yield tp, cp, pp, world // (tp * cp * pp)
 
 
 def layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size: int, plan: PlanConfig) -> List[PlanLayout]:
     """Every layout to score; ValueError with the fix when the global batch allows none."""
     out, dps, batched = [], set(), []  # batched: the grids some micro-batch takes the global batch on
-    for tp, pp, dp in _grids(desc, cluster, plan):
+    for tp, cp, pp, dp in _grids(desc, cluster, plan):
         dps.add(dp)
-        stages = [z for z in plan.zero_stages if (dp > 1 or z == 0) and (pp == 1 or z <= 1)]
+        stages = [z for z in plan.zero_stages if (dp * cp > 1 or z == 0) and (pp == 1 or z <= 1)]
         for micro in plan.micro_batch_sizes:
             # zoo's pipeline runs at least pp micro-batches per step (zoo.config.validate)
             if global_batch_size % (micro * dp) or (pp > 1 and global_batch_size // (micro * dp) < pp):
                 continue
             batched.append((tp, pp, dp))
             out.extend(PlanLayout(tp=tp, pp=pp, dp=dp, zero_stage=z, micro_batch_size=micro,
-                                  grad_accum=global_batch_size // (micro * dp), activation_checkpointing=ckpt)
+                                  grad_accum=global_batch_size // (micro * dp), activation_checkpointing=ckpt, cp=cp)
                        for z in stages for ckpt in plan.activation_checkpointing)
     if not dps:
         raise ValueError(f"no tp x pp grid fits {cluster.nodes} node(s) x {cluster.gpus_per_node} GPUs with "
@@ -119,25 +135,26 @@ def _no_layout_message(desc: ModelDesc, cluster: ClusterConfig, global_batch_siz
     per grid the batch must be a multiple of micro-batch x dp, and a pipeline needs at least
     pp micro-batches per step."""
     micro = min(plan.micro_batch_sizes)
-    best = None  # (smallest admissible global batch, tp, pp, dp)
-    for tp, pp, dp in _grids(desc, cluster, plan):
+    best = None  # (smallest admissible global batch, cp, tp, pp, dp): without cp where the batch is the same
+    for tp, cp, pp, dp in _grids(desc, cluster, plan):
         unit = micro * dp
         need = max(global_batch_size, unit * (pp if pp > 1 else 1))
         batch = -(-need // unit) * unit
-        best = min(best, (batch, tp, pp, dp)) if best else (batch, tp, pp, dp)
-    batch, tp, pp, dp = best
+        best = min(best, (batch, cp, tp, pp, dp)) if best else (batch, cp, tp, pp, dp)
+    batch, cp, tp, pp, dp = best
     world = cluster.nodes * cluster.gpus_per_node
     need = f"micro-batch {micro} x dp {dp}" + (f" x {pp} micro-batches (at least pp per step)" if pp > 1 else "")
     return (f"trainer.global_batch_size={global_batch_size} admits no layout on {world} GPUs: each tp x pp x dp "
             f"grid needs a multiple of micro-batch x dp, and a pipeline at least pp micro-batches per step; the "
-            f"smallest global batch any grid takes is {batch} (tp={tp} pp={pp} dp={dp}: {need}): set "
+            f"smallest global batch any grid takes is {batch} (tp={tp} {f'cp={cp} ' if cp > 1 else ''}pp={pp} dp={dp}: "
+            f"{need}): set "
             f"trainer.global_batch_size={batch} or more (the plan then says whether it fits), or use fewer GPUs "
             f"(cluster.nodes)")
 
 
 def rank_key(c: Candidate) -> tuple:
     lay = c.layout
-    return (not c.fits, c.time.total if c.fits else c.mem.total, lay.tp * lay.pp, lay.zero_stage,
+    return (not c.fits, c.time.total if c.fits else c.mem.total, lay.tp * lay.cp * lay.pp, lay.zero_stage,
             lay.activation_checkpointing, -lay.micro_batch_size)
 
 
@@ -151,12 +168,12 @@ def enumerate_layouts(desc: ModelDesc, cluster: ClusterConfig, global_batch_size
 
 
 def recommend(candidates: List[Candidate], within: float = 0.02) -> Optional[Candidate]:
-    """The fastest layout that fits, unless a pure data-parallel one (tp = pp = 1) is within
+    """The fastest layout that fits, unless a pure data-parallel one (tp = cp = pp = 1) is within
     `within` of it: then that one. None when nothing fits."""
     fitting = sorted((c for c in candidates if c.fits), key=rank_key)
     if not fitting:
         return None
-    replica = next((c for c in fitting if c.layout.tp == c.layout.pp == 1), None)
+    replica = next((c for c in fitting if c.layout.tp == c.layout.cp == c.layout.pp == 1), None)
     if replica is not None and replica.time.total <= fitting[0].time.total * (1 + within):
         return replica
     return fitting[0]

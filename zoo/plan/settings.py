@@ -39,6 +39,10 @@ class ClusterConfig:
     where a rank's resident memory is its device memory, the interpreter with torch, DeepSpeed
     and zoo imported, its process group and engine (the cpu preset's value is measured); on a
     GPU the CUDA context, outside torch's allocator (not measured yet: 0)."""
+    builds_causal_masks: bool = False
+    """The attention kernels take no unbuilt bottom-right causal mask (the CPU's), so context
+    parallelism builds its chunks' masks, c x (2cp+1)c elements a micro-batch (zoo.parallel.context);
+    on CUDA torch's causal_lower_right needs none."""
     resident_on_write: bool = False
     """The devices' memory becomes resident only where written (the CPU's: torch.empty maps
     pages that count once touched), so DeepSpeed's reduce bucket takes only what the gradients
@@ -107,6 +111,12 @@ class PlanConfig(MeasureConfig):
     """Restrict tensor-parallel sizes to these (None: every one the model and node allow)."""
     pp: Optional[List[int]] = None
     """Restrict pipeline sizes to these (None: every one up to the number of layers)."""
+    cp: Optional[List[int]] = None
+    """Restrict context-parallel sizes to these (None: every one the node, the sequence and the
+    family allow; GPT and Llama, without a pipeline)."""
+    cp_recompute: bool = True
+    """As parallel.cp_recompute: under cp each layer's key/value gather and attention run again in
+    the backward instead of keeping the whole sequence's keys and values."""
     activation_checkpointing: List[bool] = field(default_factory=lambda: [False, True])
     """Full recomputation at layer boundaries: off, on, or both tried."""
     sequence_parallel: bool = True
@@ -200,7 +210,7 @@ def check_plan(cfg: PlanRunConfig) -> None:
         raise ValueError(message("optim.momentum", cfg.optim.momentum))  # training's own range and words
     if p.vocab_size is not None:
         _positive(p.vocab_size, "plan.vocab_size", "set the tokenizer's vocabulary, e.g. 50257")
-    for key in ("micro_batch_sizes", "tp", "pp"):
+    for key in ("micro_batch_sizes", "tp", "pp", "cp"):
         values = getattr(p, key)
         if values is not None and (not values or min(values) < 1):
             raise ValueError(f"plan.{key}={list(values)} must be a non-empty list of positive sizes, e.g. [1, 2, 4]")

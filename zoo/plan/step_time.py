@@ -9,6 +9,13 @@
 - Tensor parallelism: each layer's all-reduces (2 forward, 2 backward, 2 more when
   recomputing) of tokens*h elements, as ring all-reduces, 2(t-1)/t of the bytes, over the
   NVLink bandwidth; with sequence parallelism the all-gather + reduce-scatter pairs move the same.
+- Context parallelism: a rank computes its share of each sequence (T/cp tokens, the attention
+  work balanced by the chunk pairing); each layer all-gathers the keys and values (kv_width a
+  token) in forward (again when recomputing) and reduce-scatters their gradient in backward,
+  (cp-1)/cp of the whole sequence's bytes each time, inside the node while tp x cp fits one;
+  with parallel.cp_recompute the backward gathers again and reruns attention's forward (4hT
+  FLOPs a token and layer).
+  Gradients and ZeRO's partitions are over dp x cp.
 - Pipeline: m micro-batches through p stages take (m + p - 1) slots of the slowest stage:
   the bubble is (p-1)/(m+p-1) of the pipeline time; each slot also sends an activation
   forward and receives its gradient (p2p, over the network when stages span nodes).
@@ -44,6 +51,8 @@ class StepTime:
     """Forward, backward and recomputation of the micro-batches on the slowest stage."""
     tp_comm: float = 0
     """Tensor-parallel all-reduces."""
+    cp_comm: float = 0
+    """Context parallelism's key/value all-gathers and their gradients' reduce-scatters."""
     pp_comm: float = 0
     """Pipeline sends and receives."""
     bubble: float = 0
@@ -57,8 +66,8 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return (self.compute + self.tp_comm + self.pp_comm + self.bubble + self.dp_comm + self.optimizer
-                + self.overhead)
+        return (self.compute + self.tp_comm + self.cp_comm + self.pp_comm + self.bubble + self.dp_comm
+                + self.optimizer + self.overhead)
 
     def as_dict(self) -> Dict[str, float]:
         return {**asdict(self), "total": self.total}
@@ -100,13 +109,17 @@ def network_gbps(cluster: ClusterConfig, crosses_nodes: bool) -> float:
 
 
 def _stage_micro_times(desc: ModelDesc, lay: PlanLayout, stage: int, cluster: ClusterConfig, dtype: str,
-                       sequence_parallel: bool) -> Tuple[float, float, float, float]:
-    """(compute, tp communication, pp communication, fixed overhead) seconds of one micro-batch on `stage`."""
+                       sequence_parallel: bool, cp_recompute: bool = True) -> Tuple[float, float, float, float, float]:
+    """(compute, tp communication, cp communication, pp communication, fixed overhead) seconds of
+    one micro-batch on `stage`."""
     elt = DTYPE_BYTES[dtype]
-    tokens = lay.micro_batch_size * desc.tokens_per_sample
+    tokens = lay.micro_batch_size * desc.tokens_per_sample / lay.cp  # this rank's share
     pieces, layers = stage_pieces(desc, lay.pp, stage), stage_layers(desc, lay.pp, stage)
     ckpt = lay.activation_checkpointing
     flops = tokens * training_flops_per_token(pieces, layers, ckpt) / lay.tp
+    recompute = lay.cp > 1 and cp_recompute and not ckpt  # attention's forward again (checkpointing: the layer's)
+    if recompute:
+        flops += tokens * len(layers) * 4 * desc.hidden_size * desc.tokens_per_sample / lay.tp
     compute = flops / (peak_flops(cluster, dtype) * gemm_efficiency(desc, tokens, lay.tp, cluster, dtype))
     allreduced = sum(p.tp_allreduce_elems_per_token for p in pieces) + (
         sum(p.tp_allreduce_elems_per_token for p in layers) / 2 if ckpt else 0)
@@ -116,32 +129,40 @@ def _stage_micro_times(desc: ModelDesc, lay: PlanLayout, stage: int, cluster: Cl
         p2p_bytes = tokens * desc.hidden_size * elt / (lay.tp if sequence_parallel and lay.tp > 1 else 1)
         gbps = network_gbps(cluster, spans_nodes(lay.tp * lay.pp, cluster))
         pp_comm = 2 * p2p_bytes / (gbps * 1e9 * cluster.comm_efficiency)
+    cp_comm = 0.0
+    if lay.cp > 1:  # per layer: the gather forward (again when recomputing), the reduce-scatter backward
+        moved = lay.micro_batch_size * desc.tokens_per_sample * desc.kv_width / lay.tp * elt * (lay.cp - 1) / lay.cp
+        gbps = network_gbps(cluster, spans_nodes(lay.tp * lay.cp, cluster))
+        cp_comm = len(layers) * (3 if ckpt or recompute else 2) * moved / (gbps * 1e9 * cluster.comm_efficiency)
     overhead = (cluster.micro_batch_overhead_ms + len(layers) * cluster.layer_overhead_ms * (4 / 3 if ckpt else 1)) / 1e3
-    return compute, tp_comm, pp_comm, overhead
+    return compute, tp_comm, cp_comm, pp_comm, overhead
 
 
 def dp_comm_bytes(n_params: float, lay: PlanLayout, dtype: str) -> float:
-    """Bytes a rank sends per step in the data-parallel collectives of its `n_params` parameters."""
-    if lay.dp == 1:
+    """Bytes a rank sends per step in the data-parallel collectives of its `n_params` parameters
+    (over dp x cp: the cp ranks sum their gradients too)."""
+    r = lay.replicas
+    if r == 1:
         return 0.0
-    share = (lay.dp - 1) / lay.dp * n_params * DTYPE_BYTES[dtype]  # one reduce-scatter or all-gather
+    share = (r - 1) / r * n_params * DTYPE_BYTES[dtype]  # one reduce-scatter or all-gather
     m = lay.grad_accum
     return {0: 2 * share, 1: 2 * share, 2: (m + 1) * share, 3: 3 * m * share}[lay.zero_stage]
 
 
 def step_time(desc: ModelDesc, lay: PlanLayout, cluster: ClusterConfig, *, dtype: str,
-              sequence_parallel: bool = True, moments: int = ADAM_MOMENT_BYTES) -> StepTime:
+              sequence_parallel: bool = True, moments: int = ADAM_MOMENT_BYTES, cp_recompute: bool = True) -> StepTime:
     """Seconds per optimizer step of the layout's slowest stage (`moments`: the optimizer's state
     bytes a parameter, zoo.plan.memory.moment_bytes)."""
-    per_stage = [_stage_micro_times(desc, lay, s, cluster, dtype, sequence_parallel) for s in {0, lay.pp - 1}]
-    compute, tp_comm, pp_comm, overhead = max(per_stage, key=sum)
+    per_stage = [_stage_micro_times(desc, lay, s, cluster, dtype, sequence_parallel, cp_recompute)
+                 for s in {0, lay.pp - 1}]
+    compute, tp_comm, cp_comm, pp_comm, overhead = max(per_stage, key=sum)
     m = lay.grad_accum
     n = max(stage_params(desc, lay.pp, s, lay.tp) for s in {0, lay.pp - 1})
     dp_gbps = network_gbps(cluster, spans_nodes(lay.world_size, cluster))
     dp_comm = dp_comm_bytes(n, lay, dtype) / (dp_gbps * 1e9 * cluster.comm_efficiency)
     # The update reads and writes the states of this rank's partition (all of them without ZeRO).
-    touched = model_state_bytes(n, lay.dp, 3 if lay.zero_stage >= 1 else 0, dtype, moments).total
+    touched = model_state_bytes(n, lay.replicas, 3 if lay.zero_stage >= 1 else 0, dtype, moments).total
     optimizer = 2 * touched / (cluster.hbm_gbps * 1e9)
-    return StepTime(compute=m * compute, tp_comm=m * tp_comm, pp_comm=m * pp_comm,
+    return StepTime(compute=m * compute, tp_comm=m * tp_comm, cp_comm=m * cp_comm, pp_comm=m * pp_comm,
                     bubble=(lay.pp - 1) * (compute + tp_comm + pp_comm + overhead), dp_comm=dp_comm,
                     optimizer=optimizer, overhead=m * overhead)

@@ -34,6 +34,17 @@ def test_each_moment_of_a_step_counts_once_for_the_innermost_kind():
     assert ms["idle"] == pytest.approx(1.0 - 0.025 - 0.275 - 0.2 - 0.035 - 0.075 - 0.015)
 
 
+def test_context_parallel_gathers_count_as_cp_communication():
+    """zoo.parallel.context marks its gathers `zoo.cp`: the all-gather inside is cp's, not dp's."""
+    b = step_breakdown([("zoo.step", 0, 100), ("zoo.forward", 0, 40), ("zoo.cp", 10, 20),
+                        ("zoo.comm:all_gather_single", 11, 19), ("zoo.backward", 40, 100),
+                        ("zoo.cp", 50, 60), ("zoo.comm:reduce_scatter_single", 51, 59),
+                        ("zoo.comm:all_gather_single", 80, 90)])
+    ms = b["ms"]
+    assert ms["cp comm"] == pytest.approx(0.02) and ms["all-gather"] == pytest.approx(0.01)
+    assert ms["reduce-scatter"] == 0 and ms["forward"] == pytest.approx(0.03)
+
+
 def test_pipeline_send_and_receive_count_before_the_collective_they_use():
     b = step_breakdown([("zoo.step", 0, 100), ("zoo.send/recv", 10, 60), ("zoo.comm:broadcast", 20, 50),
                         ("zoo.comm:barrier", 70, 80)])

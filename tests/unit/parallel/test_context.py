@@ -1,8 +1,9 @@
 """Context parallelism's pieces (zoo.parallel.context) against the unsharded computation: the
 chunks a rank holds, the gathered keys' order, and on 2 and 4 gloo ranks the attention of a
 rank's queries over the gathered keys and values (causal, and within documents that span the
-ranks), with its gradients for q, k and v, and the block's mean loss, each equal to one
-device's full attention and loss on the rank's chunks."""
+ranks; the gathered keys kept, or gathered again in the backward), with its gradients for q, k
+and v, and the block's mean loss, each equal to one device's full attention and loss on the
+rank's chunks."""
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,7 @@ def test_the_gathered_chunks_go_to_global_order_and_back(size):
     assert torch.equal(_rank_order(x, size), gathered)
 
 
-def _attention_matches(rank: int, world: int, documents: bool) -> None:
+def _attention_matches(rank: int, world: int, documents: bool, unbuilt: bool = False, recompute: bool = False) -> None:
     torch.manual_seed(0)  # the same block on every rank
     B, H, T, D = 2, 3, 8 * world, 4
     q, k, v, w = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(4))
@@ -45,7 +46,8 @@ def _attention_matches(rank: int, world: int, documents: bool) -> None:
     y = F.scaled_dot_product_attention(*full, attn_mask=mask, is_causal=mask is None)
     (y * w).sum().backward()
 
-    shard = ContextShard(dist.group.WORLD, rank, world)
+    shard = ContextShard(dist.group.WORLD, rank, world, recompute=recompute)  # gathered again in the backward
+    shard.unbuilt_causal = unbuilt  # CUDA's causal_lower_right, or the mask the CPU's kernels get built
     shard.share(idx, positions)
     local = [shard.take(t, dim=2).clone().requires_grad_() for t in (q, k, v)]
     y_local = shard.attention(*local, lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
@@ -68,13 +70,13 @@ def _loss_matches(rank: int, world: int) -> None:
     torch.testing.assert_close(mine.grad, shard.take(kept.double() / kept.sum()))
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_attention_over_the_gathered_keys_is_one_devices_on_a_ranks_chunks(world):
-    run_ranks(world, _attention_matches, False)
+@pytest.mark.parametrize("world, unbuilt, recompute", [(2, True, False), (4, False, True)])
+def test_attention_over_the_gathered_keys_is_one_devices_on_a_ranks_chunks(world, unbuilt, recompute):
+    run_ranks(world, _attention_matches, False, unbuilt, recompute)
 
 
 def test_attention_within_documents_that_span_the_ranks_is_one_devices():
-    run_ranks(2, _attention_matches, True)
+    run_ranks(2, _attention_matches, True, False, True)
 
 
 def test_the_blocks_mean_loss_is_on_every_rank_and_its_gradient_shared():

@@ -52,6 +52,6 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
                           if getattr(cfg, k) is not None)
     return ModelDesc(name=f"gpt {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
-                     layers=(layer,) * d.n_layer, head=head, head_ties_embedding=True, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h),
+                     layers=(layer,) * d.n_layer, head=head, head_ties_embedding=True, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h), kv_width=2 * h,
                      tp_divides={"model.n_head": a, "the FFN width": f,
                                  vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})

@@ -51,7 +51,7 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in keys if getattr(cfg, k) is not None)
     return ModelDesc(name=f"llama {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
                      layers=(layer,) * d.n_layer, head=head, head_ties_embedding=tied, tokens_per_sample=s,
-                     hidden_size=h, gemm_shape=(h, min(h, kv)),
+                     hidden_size=h, gemm_shape=(h, min(h, kv)), kv_width=2 * kv,
                      tp_divides={"model.n_head": d.n_head, "model.n_kv_head": d.n_kv_head,
                                  "model.intermediate_size": inter,
                                  vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})
