@@ -1,6 +1,7 @@
 """In-loop downstream tasks (trainer.eval_tasks) on the distributed model in place: a random
 transformers GPT-2 and Llama imported and scored under one process give the same metrics as
-Llama under ZeRO-3 over dp 2, tp2 and pp2 and GPT under tp2 with sequence parallelism, pp2 and 3d
+Llama under ZeRO-3 over dp 2, tp2, pp2 and cp2 (imported onto context parallelism; its ranks score
+whole sequences, the first of each cp group reports) and GPT under tp2 with sequence parallelism, pp2 and 3d
 (the tensor-parallel rules are each family's own; ZeRO's gathering and the pipeline are not), and
 every choice's log-likelihood equals lm-evaluation-harness's HFLM
 algorithm (reimplemented below on transformers' own model and the run's tokenizer: the
@@ -23,7 +24,8 @@ COMMON = ["trainer.sample_tokens=0", "trainer.eval_batches=1", "logger=none", "t
 LAYOUTS = {"one": ["parallel=ddp", "trainer.micro_batch_size=4"],
            "tp2": ["parallel=tp", "trainer.micro_batch_size=4"], "pp2": ["parallel=pp"],  # 6 micro-batches of 2
            "tp2-sp": ["parallel=tp", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"],
-           "zero3": ["parallel=zero3", "trainer.micro_batch_size=2"], "3d": ["parallel=3d", "trainer.micro_batch_size=1"]}
+           "zero3": ["parallel=zero3", "trainer.micro_batch_size=2"], "3d": ["parallel=3d", "trainer.micro_batch_size=1"],
+           "cp2": ["parallel=cp", "trainer.micro_batch_size=4"]}
 
 
 def _keyword_and_word_tasks(directory):
@@ -117,7 +119,7 @@ def test_one_process_equals_the_harness_algorithm_on_transformers(scored, tasks,
 
 
 @pytest.mark.parametrize("family, layout", [("llama", "zero3"), ("llama", "tp2"), ("gpt", "tp2-sp"), ("gpt", "pp2"),
-                                            ("gpt", "3d"), ("llama", "pp2")])
+                                            ("gpt", "3d"), ("llama", "pp2"), ("llama", "cp2")])
 def test_every_layout_scores_as_one_process(scored, family, layout):
     one, run = scored(family, "one"), scored(family, layout)
     keys = ("keywords/acc", "keywords/acc_norm", "words/acc")
