@@ -69,11 +69,12 @@ def test_a_checkpoint_of_the_old_code_resumes(run_zoo, old_tree, tmp_path, famil
     assert "read from its format-1 layout-free files" in resumed.stdout
     want = {s: l for s, l in losses(old).items() if s > 2}
     got = losses(resumed)
-    if exact:
-        assert got == want
-    else:
-        torch.testing.assert_close(torch.tensor([got[s] for s in want]), torch.tensor(list(want.values())),
-                                   rtol=1e-5, atol=0)
+    assert set(got) == set(want) and got[3] == want[3]  # the first step after the resume: the same weights, bitwise
+    # Later steps: the old code's AdamW is torch's foreach implementation, today's the fused one
+    # (zoo.engine.optimizers), whose roundings differ in the last bit on some CPUs (1.2e-7 at step
+    # 4 on an AMD EPYC, 2026-12-07; equal on the machine of the runs before).
+    torch.testing.assert_close(torch.tensor([got[s] for s in want]), torch.tensor(list(want.values())),
+                               rtol=1e-6 if exact else 1e-5, atol=0)
 
 
 def test_a_format_1_checkpoint_of_the_last_main_resumes_on_another_layout(run_zoo, format_1_tree, tmp_path):

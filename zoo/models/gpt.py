@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
-from zoo.models.documents import ReadsContext, attention_mask, with_documents
+from zoo.models.documents import ReadsContext, with_documents
 from zoo.models.kv_cache import ReadsDecodeCache
 from zoo.models.stages import PipeLayer
 
@@ -102,12 +102,8 @@ class CausalSelfAttention(ReadsContext, ReadsDecodeCache, nn.Module):
         if shard is not None:  # context parallelism: this rank's queries over every key
             y = shard.attention(q, k, v, lambda q, k, v, mask: F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout))
-        else:
-            mask = None if positions is None else attention_mask(positions, q.dtype)
-            causal = mask is None
-            if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
-                k, v = self.decode_cache.extend(self, k, v)
-                causal = self.decode_cache.prompt  # a later token attends to every earlier one
+        else:  # documents, or decoding (zoo.models.kv_cache), or causal
+            k, v, mask, causal = self.keys_and_mask(positions, k, v, q.dtype)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout)
         y = y.transpose(1, 2).reshape(B, T, three_c // 3)
         return self.resid_dropout(self.c_proj(y))

@@ -16,6 +16,8 @@ from typing import Dict, Iterator, Tuple
 import torch
 import torch.nn as nn
 
+from zoo.models.documents import attention_mask
+
 
 class DecodeCache:
     """The keys and values of positions 0..length-1, per attention module."""
@@ -61,6 +63,17 @@ class ReadsDecodeCache:
     def cache_start(self) -> int:
         """The position of this forward's first token: 0 without a cache."""
         return 0 if self.decode_cache is None else self.decode_cache.length
+
+    def keys_and_mask(self, positions, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> tuple:
+        """(keys, values, mask, causal) of an attention layer's whole-sequence call: the document
+        mask where `positions` are given (zoo.models.documents), else causal; while decoding, every
+        key and value so far, causal only for the prompt (a later token attends to all of them)."""
+        mask = None if positions is None else attention_mask(positions, dtype)
+        causal = mask is None
+        if self.decode_cache is not None:
+            k, v = self.decode_cache.extend(self, k, v)
+            causal = self.decode_cache.prompt
+        return k, v, mask, causal
 
 
 @contextlib.contextmanager

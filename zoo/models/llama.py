@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zoo.models.causal_lm import CausalLM, HeadLogits
-from zoo.models.documents import ReadsContext, attention_mask, with_documents
+from zoo.models.documents import ReadsContext, with_documents
 from zoo.models.kv_cache import ReadsDecodeCache
 from zoo.models.stages import PipeLayer
 
@@ -177,12 +177,8 @@ class LlamaAttention(ReadsContext, ReadsDecodeCache, nn.Module):
                           length=None if shard is None else T * shard.size)
         if shard is not None:  # this rank's queries over every key
             y = shard.attention(q, k, v, lambda q, k, v, mask: self._attend(q, k, v, mask, False))
-        else:
-            mask = None if positions is None else attention_mask(positions, q.dtype)
-            causal = mask is None
-            if self.decode_cache is not None:  # decoding (zoo.models.kv_cache): the keys and values so far
-                k, v = self.decode_cache.extend(self, k, v)
-                causal = self.decode_cache.prompt  # a later token attends to every earlier one
+        else:  # documents, or decoding (zoo.models.kv_cache), or causal
+            k, v, mask, causal = self.keys_and_mask(positions, k, v, q.dtype)
             y = self._attend(q, k, v, mask, causal)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 

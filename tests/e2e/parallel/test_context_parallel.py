@@ -1,9 +1,9 @@
 """Context parallelism (parallel.cp) end to end, each run against one process of the same
 family: the loss at every step, the held-out loss and the end-of-run sample equal one
-process's within 1e-5 (the gradient norm within 1e-4), for GPT under cp2 (with ZeRO-3 over the cp pair,
-whose reduce-scatter DeepSpeed averages over cp: zoo.engine.config) and Llama with documents
-spanning the cp ranks under tp2 x cp2 with sequence parallelism and under cp2 x dp2 with
-ZeRO-1; a cp2 checkpoint resumes on one process and on tp2 x cp2 with the uninterrupted run's
+process's within 1e-5 (the gradient norm within 1e-4), for GPT with documents spanning the cp
+ranks under cp4 and without under cp2 with ZeRO-3 over the cp pair (whose reduce-scatter
+DeepSpeed averages over cp: zoo.engine.config), and Llama with documents under tp2 x cp2 with
+sequence parallelism and under cp2 x dp2 with ZeRO-1; a cp2 checkpoint resumes on one process and on tp2 x cp2 with the uninterrupted run's
 losses; the grid lists the cp groups."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ pytestmark = pytest.mark.e2e
 
 COMMON = ["trainer.log_every=1", "trainer.eval_batches=2", "optim.warmup_steps=1", "trainer.max_steps=4",
           "trainer.global_batch_size=8", "logger=none", "trainer.sample_tokens=8"]
-FAMILY = {"gpt": ["model=gpt"], "llama": ["model=llama", "data.document_mask=true"]}
+FAMILY = {"gpt": ["model=gpt"], "gpt-docs": ["model=gpt", "data.document_mask=true"],
+          "llama": ["model=llama", "data.document_mask=true"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +41,11 @@ def _same(run, reference):
 
 
 @pytest.mark.parametrize("family, layout", [
-    ("gpt", ["parallel=cp", "parallel.zero_stage=0", "trainer.micro_batch_size=4"]),
+    ("gpt-docs", ["parallel=cp", "parallel.cp=4", "parallel.zero_stage=0", "trainer.micro_batch_size=4"]),
     ("gpt", ["parallel=cp", "parallel.zero_stage=3", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=tp", "parallel.cp=2", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=cp", "parallel.dp=2", "trainer.micro_batch_size=2"]),
-], ids=["gpt-cp2", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1"])
+], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1"])
 def test_a_layout_with_cp_trains_as_one_process(run_zoo, one, family, layout):
     run = run_zoo(*FAMILY[family], *COMMON, *layout)
     _same(run, one(family))
