@@ -1,7 +1,8 @@
 """In-loop downstream tasks (trainer.eval_tasks) on the distributed model in place: a random
 transformers GPT-2 and Llama imported and scored under one process give the same metrics as
-Llama under ZeRO-3 over dp 2, tp2, pp2 and cp2 (imported onto context parallelism; its ranks score
-whole sequences, the first of each cp group reports) and GPT under tp2 with sequence parallelism, pp2 and 3d
+Llama under ZeRO-3 over dp 2, tp2, pp2, 3d and cp2 (imported onto context parallelism; its ranks
+score whole sequences, the first of each cp group reports) and GPT under tp2 with sequence
+parallelism, pp2 and 3d
 (the tensor-parallel rules are each family's own; ZeRO's gathering and the pipeline are not), and
 every choice's log-likelihood equals lm-evaluation-harness's HFLM
 algorithm (reimplemented below on transformers' own model and the run's tokenizer: the
@@ -119,7 +120,7 @@ def test_one_process_equals_the_harness_algorithm_on_transformers(scored, tasks,
 
 
 @pytest.mark.parametrize("family, layout", [("llama", "zero3"), ("llama", "tp2"), ("gpt", "tp2-sp"), ("gpt", "pp2"),
-                                            ("gpt", "3d"), ("llama", "pp2"), ("llama", "cp2")])
+                                            ("gpt", "3d"), ("llama", "pp2"), ("llama", "cp2"), ("llama", "3d")])
 def test_every_layout_scores_as_one_process(scored, family, layout):
     one, run = scored(family, "one"), scored(family, layout)
     keys = ("keywords/acc", "keywords/acc_norm", "words/acc")
@@ -153,7 +154,7 @@ def test_the_history_goes_on_after_a_resume_and_best_follows_a_task(run_zoo, tas
     assert best["step"] == best_step and best["eval"]["metric"] == "keywords/acc"
 
 
-@pytest.mark.parametrize("family", ["gpt"])  # Llama: the harness's algorithm above
+@pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_zoo_evaluate_runs_the_harness_on_the_run_and_agrees_with_the_loop(scored, tasks, random_hf, family, tmp_path):
     """python -m zoo.evaluate exports the run and runs lm-evaluation-harness's HFLM on it: the same
     metrics as the in-loop scorer on the same weights; the harness's own per-request

@@ -3,7 +3,7 @@ family: the loss at every step, the held-out loss and the end-of-run sample equa
 process's within 1e-5 (the gradient norm within 1e-4), for GPT with documents spanning the cp
 ranks under cp4 and without under cp2 with ZeRO-3 over the cp pair (whose reduce-scatter
 DeepSpeed averages over cp: zoo.engine.config), and Llama with documents under tp2 x cp2 with
-sequence parallelism and under cp2 x dp2 with ZeRO-1; a cp2 checkpoint resumes on one process and on tp2 x cp2 with the uninterrupted run's
+sequence parallelism, under cp2 x dp2 with ZeRO-1 and under tp2 x cp2 x dp2; a cp2 checkpoint resumes on one process and on tp2 x cp2 with the uninterrupted run's
 losses; the grid lists the cp groups."""
 from __future__ import annotations
 
@@ -45,14 +45,17 @@ def _same(run, reference):
     ("gpt", ["parallel=cp", "parallel.zero_stage=3", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=tp", "parallel.cp=2", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=cp", "parallel.dp=2", "trainer.micro_batch_size=2"]),
-], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1"])
+    ("llama", ["parallel=tp", "parallel.cp=2", "parallel.dp=2", "trainer.micro_batch_size=2"]),
+], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1", "llama-tp2-cp2-dp2"])
 def test_a_layout_with_cp_trains_as_one_process(run_zoo, one, family, layout):
     run = run_zoo(*FAMILY[family], *COMMON, *layout)
     _same(run, one(family))
-    if "parallel.cp=2" in layout:  # tp2 x cp2: the grid's groups
+    if "parallel.cp=2" in layout:  # tp2 x cp2 (x dp2): the grid's groups, cp beside tp, dp outermost
         grid = (run.run_dir / "topology.txt").read_text()
-        assert "world 4 = tp 2 x cp 2 x pp 1 x dp 1" in grid
+        dp = 2 if "parallel.dp=2" in layout else 1
+        assert f"world {4 * dp} = tp 2 x cp 2 x pp 1 x dp {dp}" in grid
         assert "CP group: [0, 2]" in grid and "CP group: [1, 3]" in grid and "TP group: [0, 1]" in grid
+        assert dp == 1 or ("CP group: [4, 6]" in grid and "DP group: [0, 4]" in grid)
 
 
 @pytest.fixture(scope="module")
