@@ -135,11 +135,6 @@ def replica_group(grid):
     return grid.get_data_parallel_group()
 
 
-def cp_group(grid):
-    """The context-parallel process group of this rank (None without context parallelism)."""
-    return grid.get_sequence_parallel_group() if hasattr(grid, "get_sequence_parallel_group") else None
-
-
 def tp_group(grid):
     """The tensor-parallel process group of this rank (None when tp == 1)."""
     return grid.get_slice_parallel_group() if grid.get_slice_parallel_world_size() > 1 else None
