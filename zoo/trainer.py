@@ -30,10 +30,11 @@ from zoo.families.accuracy import tallied
 from zoo.families.base_task import Task
 from zoo.families.registry import family
 from zoo.models.compile import compile_seconds, eager
+from zoo.models.documents import whole_sequences
 from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
-from zoo.parallel.context import context_rank, whole_sequences
+from zoo.parallel.context import context_rank
 from zoo.parallel.topology import Layout, tp_group
 from zoo.run import allocator, signals
 from zoo.run.checkpoint_interval import interval_policy

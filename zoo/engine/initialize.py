@@ -54,9 +54,10 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
 
 
 def skip_single_replica_allreduce(engine, dp: int) -> bool:
-    """With one data-parallel replica (`dp`: replicas x cp ranks, which sum theirs), ZeRO-0 and fp32, DeepSpeed's gradient all-reduce is the
-    identity done the long way: every gradient flattened into one buffer, scaled by 1/1,
-    all-reduced over one rank and copied back (the tiny Llama's 20 MB each way, every step).
+    """With one data-parallel replica (`dp`: replicas x cp ranks, which sum theirs), ZeRO-0 and
+    fp32, DeepSpeed's gradient all-reduce is the identity done the long way: every gradient
+    flattened into one buffer, scaled by 1/1, all-reduced over one rank and copied back (the
+    tiny Llama's 20 MB each way, every step).
     Switch it off there; a pipeline's tied-weight all-reduce across stages is a separate call
     and stays. True where it was switched off."""
     from deepspeed.runtime.pipe.engine import PipelineEngine

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zoo.models.documents import ReadsContext
+from zoo.models.documents import ReadsContext, whole_sequences
 from zoo.models.kv_cache import DecodeCache, decoding
 from zoo.models.losses import cross_entropy_per_token, masked_mean
 from zoo.models.stages import run_layers
@@ -71,14 +71,8 @@ class CausalLM(ReadsContext, nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
-        context = self.sharded()  # decoding runs whole sequences
-        if context is not None:
-            context.enabled = False
-        try:
+        with whole_sequences(self):  # decoding runs whole sequences
             return generate(self, idx, max_new_tokens, block_size=self.shape.block_size, **sampling)
-        finally:
-            if context is not None:
-                context.enabled = True
 
 
 def pick_tokens(logits: torch.Tensor, *, temperature: float, top_k: int,

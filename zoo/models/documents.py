@@ -17,6 +17,7 @@ rebuild in each stage than to send between stages.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import List, Optional, Sequence
 
@@ -74,6 +75,22 @@ class ReadsContext:
         `whole_sequences` turned it off)."""
         context = self.context
         return context if context is not None and context.enabled else None
+
+
+@contextlib.contextmanager
+def whole_sequences(model: nn.Module):
+    """Inside, `model` (a ReadsContext) runs every sequence whole on each rank (decoding, in-loop
+    tasks of any length): the weights are the same on every cp rank, so only time is spent, not
+    correctness. Nothing changes without context parallelism (or a model that has none)."""
+    context = getattr(model, "context", None)
+    if context is None or not context.enabled:
+        yield
+        return
+    context.enabled = False
+    try:
+        yield
+    finally:
+        context.enabled = True
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

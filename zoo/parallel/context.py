@@ -21,11 +21,11 @@ which DeepSpeed sums over cp and averages over dp (zoo.parallel.context_grid).
 The parallelize step hands the shard to the model and its attention layers (their `context`,
 zoo.models.documents.ReadsContext); what a forward's block holds (its document positions, the
 masks built from them) is kept on the shard for that forward, not on a tensor: ZeRO-3's module
-hooks hand layers new tensor objects. `whole_sequences` turns it off for decoding.
+hooks hand layers new tensor objects. `zoo.models.documents.whole_sequences` turns it off for
+decoding and the in-loop tasks.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -144,21 +144,6 @@ def context_rank(grid) -> int:
 def context_zero(grid) -> dict:
     """The coordinate of a cp group's first rank, for `grid.stage_to_global` (none without cp)."""
     return {"context": 0} if hasattr(grid, "get_sequence_parallel_rank") else {}
-
-
-@contextlib.contextmanager
-def whole_sequences(model):
-    """Inside, the model runs every sequence whole on each rank (decoding, in-loop tasks of any
-    length): the weights are the same on every cp rank, so only time is spent, not correctness."""
-    context = getattr(model, "context", None)
-    if context is None or not context.enabled:
-        yield
-        return
-    context.enabled = False
-    try:
-        yield
-    finally:
-        context.enabled = True
 
 
 def _global_order(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -24,8 +24,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from zoo.models.causal_lm import decode, pick_tokens
+from zoo.models.documents import whole_sequences
 from zoo.models.kv_cache import decoding
-from zoo.parallel.context import context_zero, whole_sequences
+from zoo.parallel.context import context_zero
 from zoo.parallel.topology import Layout, tp_group
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool, torch.float64]
