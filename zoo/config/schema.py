@@ -27,7 +27,8 @@ class ModelDims:
     """Model family: `gpt`, `llama`, `bert` or `cnn` (zoo.families)."""
     size: str = "tiny"
     """Named size preset of the family (GPT: tiny, small, medium, large, xl, gpt3-125m ... gpt3-175b;
-    Llama: tiny, smollm-135m, tinyllama-1.1b, llama2-7b, llama3-8b, llama2-70b; BERT: tiny, base,
+    Llama: tiny, smollm-135m, tinyllama-1.1b, llama2-7b, llama3-8b, llama2-70b, and its variants
+    qwen2-tiny, qwen2.5-0.5b, qwen3-tiny, qwen3-0.6b, mistral-tiny, mistral-7b; BERT: tiny, base,
     large; CNN: tiny, resnet18, resnet50). Ignored with model.init_from (the import's own)."""
     n_layer: Optional[int] = None
     """Override the preset's number of transformer layers."""

@@ -61,14 +61,16 @@ def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) ->
     except ValueError as err:
         raise ConfigError(str(err)) from None
     fields = {f.name for f in dataclasses.fields(spec.shape_type)}
+    fields |= {"head_dim"} if "head_size" in fields else set()  # model.head_dim sets the shape's head_size
     for key in LLAMA_KEYS:  # set for a family that has no such dimension: refused, not ignored
         if getattr(m, key) is not None and key not in fields:
             raise ConfigError(f"model.{key}={getattr(m, key)}: model.family={m.family} has no such setting (a Llama "
                               f"key{'; its embeddings are always tied' if key == 'tie_embeddings' else ''}); remove it")
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         require(getattr(dims, key) > 0, f"model.{key}={getattr(dims, key)} must be positive")
-    require(dims.n_embd % dims.n_head == 0,
-             f"model.n_embd={dims.n_embd} is not divisible by model.n_head={dims.n_head}")
+    require(getattr(dims, "head_size", None) or dims.n_embd % dims.n_head == 0,
+             f"model.n_embd={dims.n_embd} is not divisible by model.n_head={dims.n_head}; change one"
+             + (" or set model.head_dim" if "head_size" in fields else ""))
     if layout.tp > 1:
         heads = "the imported model's heads" if m.init_from else "model.n_head"
         for what, size in ((heads, dims.n_head), ("the FFN width", dims.ffn_dim)):

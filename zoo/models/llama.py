@@ -3,8 +3,10 @@
 Pre-RMSNorm blocks, rotary position embeddings (`rope_theta`), a SwiGLU MLP with its own
 intermediate size, grouped-query attention (`n_kv_head` key/value heads shared by groups of
 `n_head / n_kv_head` query heads; 1: multi-query), no biases, untied input and output
-embeddings. Parameter names mirror transformers' `LlamaForCausalLM`, so export and import
-are plain copies. Nothing here knows about parallelism: under tensor parallelism each rank
+embeddings; and the pieces by which Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm, a
+head width of its own) and Mistral (a sliding window) differ, as shape fields. Parameter
+names mirror transformers' `LlamaForCausalLM` (and Qwen2's, Qwen3's, Mistral's: the same
+names), so export and import are plain copies. Nothing here knows about parallelism: under tensor parallelism each rank
 holds whole query heads and the key/value heads they use (`zoo.families.llama`), and RoPE
 runs inside attention on the whole sequence, so its positions are right also under
 sequence parallelism.
@@ -24,27 +26,50 @@ from zoo.models.documents import ReadsContext, with_documents
 from zoo.models.kv_cache import ReadsDecodeCache
 from zoo.models.stages import PipeLayer
 
-# name: (n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta, tied), from each
-# model's published config.json: HuggingFaceTB/SmolLM-135M, TinyLlama/TinyLlama-1.1B (v1.0),
-# meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B, meta-llama/Llama-2-70b-hf.
+
+# name: the preset's dimensions, from each model's published config.json:
+# HuggingFaceTB/SmolLM-135M, TinyLlama/TinyLlama-1.1B (v1.0), meta-llama/Llama-2-7b-hf,
+# meta-llama/Meta-Llama-3-8B, meta-llama/Llama-2-70b-hf, Qwen/Qwen2.5-0.5B, Qwen/Qwen3-0.6B,
+# mistralai/Mistral-7B-v0.1. The `-tiny` variants are the tiny Llama with each architecture's
+# own pieces (Qwen2's q/k/v biases, Qwen3's q/k norms and wider heads, Mistral's window).
+def _preset(n_layer, n_head, n_kv_head, n_embd, intermediate_size, block_size, rope_theta, tie_embeddings, **extra):
+    return dict(n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd,
+                intermediate_size=intermediate_size, block_size=block_size, rope_theta=rope_theta,
+                tie_embeddings=tie_embeddings, **extra)
+
+
+QWEN2 = dict(arch="qwen2", attention_bias=True, rms_norm_eps=1e-6)
+QWEN3 = dict(arch="qwen3", qk_norm=True, rms_norm_eps=1e-6)
 LLAMA_SIZES = {
-    "tiny": (4, 4, 2, 128, 352, 128, 10000.0, False),
-    "smollm-135m": (30, 9, 3, 576, 1536, 2048, 10000.0, True),
-    "tinyllama-1.1b": (22, 32, 4, 2048, 5632, 2048, 10000.0, False),
-    "llama2-7b": (32, 32, 32, 4096, 11008, 4096, 10000.0, False),
-    "llama3-8b": (32, 32, 8, 4096, 14336, 8192, 500000.0, False),
-    "llama2-70b": (80, 64, 8, 8192, 28672, 4096, 10000.0, False),
+    "tiny": _preset(4, 4, 2, 128, 352, 128, 10000.0, False),
+    "smollm-135m": _preset(30, 9, 3, 576, 1536, 2048, 10000.0, True),
+    "tinyllama-1.1b": _preset(22, 32, 4, 2048, 5632, 2048, 10000.0, False),
+    "llama2-7b": _preset(32, 32, 32, 4096, 11008, 4096, 10000.0, False),
+    "llama3-8b": _preset(32, 32, 8, 4096, 14336, 8192, 500000.0, False),
+    "llama2-70b": _preset(80, 64, 8, 8192, 28672, 4096, 10000.0, False),
+    "qwen2-tiny": _preset(4, 4, 2, 128, 352, 128, 1000000.0, True, **QWEN2),
+    "qwen2.5-0.5b": _preset(24, 14, 2, 896, 4864, 32768, 1000000.0, True, **QWEN2),
+    "qwen3-tiny": _preset(4, 4, 2, 128, 352, 128, 1000000.0, True, head_size=64, **QWEN3),
+    "qwen3-0.6b": _preset(28, 16, 8, 1024, 3072, 40960, 1000000.0, True, head_size=128, **QWEN3),
+    "mistral-tiny": _preset(4, 4, 2, 128, 352, 128, 10000.0, False, arch="mistral", sliding_window=128),
+    "mistral-7b": _preset(32, 32, 8, 4096, 14336, 32768, 10000.0, False, arch="mistral", sliding_window=4096),
 }
 # name: (vocabulary, parameters) of the published model: the config.json's vocab_size and
 # transformers' `num_parameters()` of the checkpoints named above (the figures their model
-# cards give: SmolLM 135M, TinyLlama 1.1B, Llama 2 7B and 70B, Llama 3 8B).
+# cards give: SmolLM 135M, TinyLlama 1.1B, Llama 2 7B and 70B, Llama 3 8B, Qwen2.5 0.49B,
+# Qwen3 0.6B, Mistral 7.24B).
 LLAMA_PUBLISHED = {
     "smollm-135m": (49152, 134_515_008),
     "tinyllama-1.1b": (32000, 1_100_048_384),
     "llama2-7b": (32000, 6_738_415_616),
     "llama3-8b": (128256, 8_030_261_248),
     "llama2-70b": (32000, 68_976_648_192),
+    "qwen2.5-0.5b": (151936, 494_032_768),
+    "qwen3-0.6b": (151936, 596_049_920),
+    "mistral-7b": (32000, 7_241_732_096),
 }
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+"""transformers' model types zoo's Llama covers, each its own pieces on the same decoder."""
 RMS_NORM_EPS = 1e-5
 
 
@@ -65,29 +90,43 @@ class LlamaShape:
     """The tokens of an imported vocabulary that `vocab_size` pads (their logits only count)."""
     tie_embeddings: bool = False
     """The LM head is the token embedding (SmolLM; Llama itself is untied)."""
+    arch: str = "llama"
+    """transformers' model type an export writes (ARCHS): the pieces below say what differs."""
+    head_size: Optional[int] = None
+    """Each head's width where it is not n_embd / n_head (Qwen3: 128 at width 1024 and 16 heads)."""
+    attention_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2)."""
+    qk_norm: bool = False
+    """An RMSNorm over each query and key head before the rotary embeddings (Qwen3)."""
+    sliding_window: Optional[int] = None
+    """Mistral's attention window: a token sees the `sliding_window` tokens up to itself. zoo
+    attends over the whole block, so validation refuses a window shorter than the block."""
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
+
+    @property
+    def q_width(self) -> int:
+        """The query projection's outputs (and the output projection's inputs): all heads."""
+        return self.n_head * self.head_dim
 
     @property
     def ffn_dim(self) -> int:
         return self.intermediate_size
 
 
-def llama_shape(size: str, vocab_size: int, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,
-                n_kv_head: Optional[int] = None, n_embd: Optional[int] = None,
-                intermediate_size: Optional[int] = None, block_size: Optional[int] = None,
-                rope_theta: Optional[float] = None, tie_embeddings: Optional[bool] = None,
-                **_ignored) -> LlamaShape:
+LLAMA_KEYS = ("n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "block_size", "rope_theta",
+              "tie_embeddings", "head_size", "attention_bias", "qk_norm", "sliding_window")
+"""The shape fields a model config may override (`model.<key>`; head_size is `model.head_dim`)."""
+
+
+def llama_shape(size: str, vocab_size: int, **overrides) -> LlamaShape:
+    """The preset `size` with every override that is not None (unknown keys ignored)."""
     if size not in LLAMA_SIZES:
         raise ValueError(f"model.size={size!r} is not a Llama size; choose one of {sorted(LLAMA_SIZES)}")
-    L, H, K, C, inter, T, theta, tied = LLAMA_SIZES[size]
-    pick = lambda override, preset: preset if override is None else override  # noqa: E731
-    return LlamaShape(n_layer=pick(n_layer, L), n_head=pick(n_head, H), n_kv_head=pick(n_kv_head, K),
-                      n_embd=pick(n_embd, C), intermediate_size=pick(intermediate_size, inter),
-                      block_size=pick(block_size, T), vocab_size=vocab_size, rope_theta=pick(rope_theta, theta),
-                      tie_embeddings=pick(tie_embeddings, tied))
+    given = {k: v for k, v in overrides.items() if k in LLAMA_KEYS and v is not None}
+    return LlamaShape(**{**LLAMA_SIZES[size], **given}, vocab_size=vocab_size)
 
 
 def llama_init_std(name: str, shape: LlamaShape) -> Optional[float]:
@@ -157,13 +196,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[
 class LlamaAttention(ReadsContext, ReadsDecodeCache, nn.Module):
     def __init__(self, shape: LlamaShape):
         super().__init__()
-        d, kv = shape.head_dim, shape.n_kv_head * shape.head_dim
+        d, kv, bias = shape.head_dim, shape.n_kv_head * shape.head_dim, shape.attention_bias
         self.head_dim, self.theta = d, shape.rope_theta
         self.groups = shape.n_head // shape.n_kv_head  # query heads per key/value head
-        self.q_proj = nn.Linear(shape.n_embd, shape.n_embd, bias=False)
-        self.k_proj = nn.Linear(shape.n_embd, kv, bias=False)
-        self.v_proj = nn.Linear(shape.n_embd, kv, bias=False)
-        self.o_proj = nn.Linear(shape.n_embd, shape.n_embd, bias=False)
+        self.q_proj = nn.Linear(shape.n_embd, shape.q_width, bias=bias)
+        self.k_proj = nn.Linear(shape.n_embd, kv, bias=bias)
+        self.v_proj = nn.Linear(shape.n_embd, kv, bias=bias)
+        self.o_proj = nn.Linear(shape.q_width, shape.n_embd, bias=False)
+        if shape.qk_norm:  # one weight over head_dim, shared by every head (under tp: summed gradients)
+            self.q_norm = RMSNorm(d, shape.rms_norm_eps)
+            self.k_norm = RMSNorm(d, shape.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`positions` (B, T): each token's position in its document (zoo.models.documents);
@@ -171,7 +213,10 @@ class LlamaAttention(ReadsContext, ReadsDecodeCache, nn.Module):
         q, k, v = (proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj))
         B, T, _ = q.shape  # the whole sequence: under sequence parallelism x holds a shard of it
         # (B, heads_local, T, hs): under TP each rank holds whole query heads and their kv heads
-        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, -1, self.head_dim) for t in (q, k, v))
+        if hasattr(self, "q_norm"):  # Qwen3: each head normalised, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         shard = self.sharded()  # context parallelism: the positions are global, up to cp x T
         q, k = apply_rope(q, k, self.theta, positions, start=self.cache_start(),
                           length=None if shard is None else T * shard.size)

@@ -20,7 +20,7 @@ from zoo.models.init import init_parameters
 from zoo.models.meta import on_meta, to_empty
 from zoo.parallel.parallelize import parallelize
 from zoo.parallel.topology import Layout
-from zoo.parallel.tp_rules import sum_sequence_parallel_norm_grads, tie_parameters
+from zoo.parallel.tp_rules import sum_replicated_grads, tie_parameters
 
 META = torch.device("meta")
 
@@ -58,8 +58,8 @@ def materialise(module: nn.Module, spec, shape, *, seed: int, device: torch.devi
     for m in module.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()  # buffers: to_empty left them uninitialised
-    if sequence_parallel and tp_group is not None:
-        sum_sequence_parallel_norm_grads(module, tp_group, norms=rules.sequence_parallel_norms)
+    if rules is not None:
+        sum_replicated_grads(module, tp_group, rules, sequence_parallel=sequence_parallel)
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ def materialise_partitioned(module: nn.Module, spec, shape, *, zero3: ZeroThree,
         if weights is not None:
             for name, p in fresh:
                 _fill_partition(p, weights, plain_name(name))
-    if sequence_parallel and tp_group is not None:
-        sum_sequence_parallel_norm_grads(module, tp_group, norms=rules.sequence_parallel_norms)
+    if rules is not None:
+        sum_replicated_grads(module, tp_group, rules, sequence_parallel=sequence_parallel)
 
 
 @torch.no_grad()

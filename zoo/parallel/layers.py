@@ -116,7 +116,7 @@ class ReplicatedHeadsLinear(_NormalInit):
     head i attends with (LlamaAttention reads it)."""
 
     def __init__(self, in_features: int, out_features: int, tp_group, *, n_head: int, n_kv_head: int,
-                 sequence_parallel: bool = False, device=None, dtype=None):
+                 sequence_parallel: bool = False, bias: bool = False, device=None, dtype=None):
         super().__init__()
         self.tp_group, self.tp = tp_group, group_size(tp_group)
         _check_divisible("ReplicatedHeadsLinear", f"n_head {n_head}", n_head, self.tp)
@@ -127,16 +127,20 @@ class ReplicatedHeadsLinear(_NormalInit):
         self.query_to_kv = tuple((first_query + i) // groups - first for i in range(per_rank))
         self.in_features, self.out_features, self.sequence_parallel = in_features, out_features, sequence_parallel
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.register_parameter("bias", nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+                                if bias else None)  # Qwen2's: replicated and summed like the weight
         self.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _column_input(x, self.tp_group, self.sequence_parallel)
+        start, end = self.rows
         weight = copy_to_tp_region(self.weight, self.tp_group)  # the gradient: summed over the group
-        return F.linear(x, weight[self.rows[0]:self.rows[1]])
+        bias = None if self.bias is None else copy_to_tp_region(self.bias, self.tp_group)[start:end]
+        return F.linear(x, weight[start:end], bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp}, "
-                f"rows={self.rows}, replicated")
+                f"rows={self.rows}, bias={self.bias is not None}, replicated")
 
 
 class RowParallelLinear(_NormalInit):

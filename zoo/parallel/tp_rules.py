@@ -60,6 +60,9 @@ class TPRules:
     family has no sequence parallelism."""
     sequence_parallel_norms: Tuple[str, ...] = ()
     """Replicated modules that see a sequence shard under sequence parallelism."""
+    head_norms: Tuple[str, ...] = ()
+    """Replicated modules applied to each of this rank's heads (Qwen3's q/k norms): their
+    gradients are this rank's heads' share, summed over the tp group whenever tp > 1."""
 
 
 def _replacement(module: nn.Module, style, tp_group, sequence_parallel: bool, device) -> nn.Module:
@@ -69,7 +72,7 @@ def _replacement(module: nn.Module, style, tp_group, sequence_parallel: bool, de
         else:
             return ReplicatedHeadsLinear(module.in_features, module.out_features, tp_group, n_head=style.n_head,
                                          n_kv_head=style.n_kv_head, sequence_parallel=sequence_parallel,
-                                         device=device)
+                                         bias=module.bias is not None, device=device)
     if style == "vocab":
         return VocabParallelEmbedding(module.num_embeddings, module.embedding_dim, tp_group, device=device)
     if style in ("column", "column_qkv", "head"):
@@ -137,11 +140,16 @@ def apply_tp_rules(model: nn.Module, tp_group, *, rules: TPRules,
     return model
 
 
-def sum_sequence_parallel_norm_grads(model: nn.Module, tp_group, *, norms: Sequence[str], prefix: str = "") -> None:
-    """With sequence parallelism, sum the gradients of the norms' (replicated) parameters over
-    the tp group. Call after the parameters are materialised: hooks live on the tensors."""
+def sum_replicated_grads(model: nn.Module, tp_group, rules: TPRules, *, sequence_parallel: bool,
+                         prefix: str = "") -> None:
+    """Sum over the tp group the gradients of the replicated parameters each rank computes only a
+    share of: the rules's head norms, and with sequence parallelism its norms. Call after the
+    parameters are materialised: hooks live on the tensors."""
+    patterns = tuple(rules.head_norms) + (tuple(rules.sequence_parallel_norms) if sequence_parallel else ())
+    if tp_group is None or group_size(tp_group) == 1 or not patterns:
+        return
     for name, module in model.named_modules():
-        if any(fnmatch(prefix + name, pattern) for pattern in norms):
+        if any(fnmatch(prefix + name, pattern) for pattern in patterns):
             for p in module.parameters():
                 p.sequence_parallel = True
                 p.register_hook(_sum_grad_over(tp_group))

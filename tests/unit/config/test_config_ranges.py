@@ -60,6 +60,8 @@ OUTSIDE = {
     "model.n_kv_head": ("0", "must be positive (it must also divide model.n_head)"),
     "model.intermediate_size": ("-1", "must be positive"),
     "model.rope_theta": ("0", "must be positive"),
+    "model.head_dim": ("0", "must be positive"),
+    "model.sliding_window": ("-4", "must be positive"),
     "model.ffn_mult": ("0", "must be positive"),
     "model.block_size": ("0", "must be positive"),
     "model.vocab_size": ("0", "must be positive"),

@@ -29,7 +29,7 @@ def _built(name: str, size: str) -> int:
 def test_the_families_with_presets_publish_them():
     assert {n for n, _ in PRESETS} == {"gpt", "llama", "bert"}
     assert {s for n, s in PRESETS if n == "llama"} == {"smollm-135m", "tinyllama-1.1b", "llama2-7b", "llama3-8b",
-                                                       "llama2-70b"}
+                                                       "llama2-70b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b"}
     assert all(size in FAMILIES[n].sizes for n, size in PRESETS)
 
 

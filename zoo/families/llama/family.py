@@ -1,8 +1,8 @@
 """The Llama family: a Llama-style decoder (`zoo.models.llama`: RMSNorm, RoPE, SwiGLU,
-grouped-query attention) as a causal language model on the same data as GPT; tensor
+grouped-query attention; Qwen2, Qwen3 and Mistral as its variants) as a causal language model on the same data as GPT; tensor
 parallelism by heads (each rank holds whole query heads and the key/value heads they use)
 and MLP columns, vocab-parallel embedding, head and loss, sequence parallelism;
-`LlamaForCausalLM` in and out."""
+`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `MistralForCausalLM` in and out."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,6 +15,7 @@ from zoo.families.llama.dims import llama_dims
 from zoo.families.spec import FamilySpec, HFConverter
 from zoo.families.transformer import check_transformer, imported_dims
 from zoo.models.llama import (
+    ARCHS,
     LLAMA_PUBLISHED,
     LLAMA_SIZES,
     LlamaForCausalLM,
@@ -42,6 +43,8 @@ TP_RULES = TPRules(
     # Replicated, but with sequence parallelism they see only this rank's share of the sequence.
     sequence_parallel_norms=("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm",
                              "model.norm"),
+    # Qwen3's: one weight over head_dim applied to each of this rank's heads.
+    head_norms=("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm"),
 )
 
 
@@ -64,9 +67,14 @@ def check(cfg, layout, warnings: List[str]) -> Tuple[int, str]:
     require(shape.n_kv_head >= 1 and shape.n_head % shape.n_kv_head == 0,
              f"model.n_kv_head={shape.n_kv_head} does not divide model.n_head={shape.n_head}; choose n_kv_head among "
              f"{[d for d in range(1, shape.n_head + 1) if shape.n_head % d == 0]}")
-    require(shape.n_embd % shape.n_head == 0 and shape.head_dim % 2 == 0,
-             f"model.n_embd={shape.n_embd} / model.n_head={shape.n_head} gives head size {shape.n_embd / shape.n_head:g}; "
-             f"rotary embeddings need an even whole head size")
+    require(shape.head_dim % 2 == 0 and (shape.head_size or shape.n_embd % shape.n_head == 0),
+             f"model.n_embd={shape.n_embd} / model.n_head={shape.n_head} gives head size "
+             f"{shape.head_size or shape.n_embd / shape.n_head:g}; rotary embeddings need an even whole head size"
+             if not shape.head_size else f"model.head_dim={shape.head_size}: rotary embeddings need an even head size")
+    window = shape.sliding_window
+    require(window is None or window >= shape.block_size,
+            f"model.sliding_window={window} is shorter than model.block_size={shape.block_size}: zoo attends over the "
+            f"whole block, not a window; set model.block_size={window} (or less) to train within one window")
     require(m.dropout == 0, f"model.dropout={m.dropout}: the Llama family has no dropout; set model.dropout=0")
     if layout.tp > 1 and shape.n_kv_head % layout.tp:
         warnings.append(f"parallel.tp={layout.tp} does not divide model.n_kv_head={shape.n_kv_head}: every rank holds "
@@ -89,6 +97,6 @@ SPEC = FamilySpec(
     sizes=tuple(LLAMA_SIZES), published=LLAMA_PUBLISHED, data_keys=data_keys.CAUSAL_TEXT, generates_text=True, context_parallel=True,
     pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_rules=TP_RULES, tp_rules_of=tp_rules_of,
     planner=planner.describe,
-    hf=HFConverter.of(hf, model_types=("llama",), loads_as="LlamaForCausalLM",
+    hf=HFConverter.of(hf, model_types=ARCHS, loads_as="LlamaForCausalLM",
                    vocab_rows=("model.embed_tokens.weight", "lm_head.weight")),
 )

@@ -18,3 +18,14 @@ class LlamaModelKeys:
     tie_embeddings: Optional[bool] = None
     """Llama: the LM head shares the token embedding's weight (as SmolLM). None: the preset's
     (untied but for smollm-135m). GPT and BERT always tie theirs."""
+    head_dim: Optional[int] = None
+    """Llama: each attention head's width where it is not n_embd / n_head (Qwen3's 128). None:
+    the preset's (n_embd / n_head for all but the qwen3 sizes)."""
+    attention_bias: Optional[bool] = None
+    """Llama: biases on the query, key and value projections (Qwen2). None: the preset's."""
+    qk_norm: Optional[bool] = None
+    """Llama: an RMSNorm over each query and key head before the rotary embeddings (Qwen3).
+    None: the preset's."""
+    sliding_window: Optional[int] = None
+    """Llama: Mistral's attention window (tokens a token sees, itself included). zoo attends over
+    the whole block, so a window shorter than model.block_size is refused. None: the preset's."""

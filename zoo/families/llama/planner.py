@@ -27,12 +27,15 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     vocab = padded_vocab(vocab_size, cfg)
     d = llama_dims(cfg, vocab)  # every dimension the config overrides (n_kv_head, intermediate_size, tied)
     h, inter, s, v = d.n_embd, d.intermediate_size, d.block_size, d.vocab_size
-    kv = d.n_kv_head * d.head_dim
-    matmul_params = h * h + 2 * h * kv + h * h + 3 * h * inter  # q, k, v, o, gate, up, down
-    layer = Piece(params=ParamCount(sharded=matmul_params, replicated=2 * h),  # the two RMSNorm weights
-                  activations=Activations(tp_elems=2 * h + 2 * kv + 4 * inter + d.n_head, sp_elems=6 * h),
+    kv, q = d.n_kv_head * d.head_dim, d.q_width  # q = h unless the heads have a width of their own (Qwen3)
+    matmul_params = h * q + 2 * h * kv + q * h + 3 * h * inter  # q, k, v, o, gate, up, down
+    biases = (q + 2 * kv) if d.attention_bias else 0  # Qwen2's, split with their projections
+    qk_norms = 2 * d.head_dim if d.qk_norm else 0  # Qwen3's, replicated; autograd keeps their inputs and outputs
+    layer = Piece(params=ParamCount(sharded=matmul_params + biases, replicated=2 * h + qk_norms),
+                  activations=Activations(tp_elems=2 * q + 2 * kv + 4 * inter + d.n_head + (2 * (q + kv) if qk_norms else 0),
+                                          sp_elems=6 * h),
                   checkpoint=Activations(sp_elems=h),
-                  fwd_flops_per_token=2 * matmul_params + 4 * h * s,  # + QK^T and AV over all query heads
+                  fwd_flops_per_token=2 * matmul_params + 4 * q * s,  # + QK^T and AV over all query heads
                   # after o_proj's and down_proj's row-parallel outputs in forward, before the
                   # column-parallel inputs in backward
                   tp_allreduce_elems_per_token=4 * h)

@@ -1,0 +1,74 @@
+"""Qwen2, Qwen3 and Mistral in and out end to end: a random transformers model of each saved
+to a directory, imported under 3d (tp2 x pp2) and exported unchanged (bitwise the same tensors,
+its config's model type and pieces kept); a Qwen3 trained under 3d equals one process, and its
+export loads in transformers as a Qwen3ForCausalLM that gives zoo's logits."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.e2e.test_hf import export
+from zoo.checkpoint.final import load_run_weights
+
+pytestmark = pytest.mark.e2e
+
+DIMS = dict(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128)
+KINDS = {"qwen2": dict(tie_word_embeddings=True), "qwen3": dict(tie_word_embeddings=True, head_dim=64),
+         "mistral": dict(tie_word_embeddings=False, sliding_window=128)}
+IMPORT = ["model=llama", "parallel=3d", "parallel.num_microbatches=2", "parallel.dp=1", "trainer.global_batch_size=8",
+          "trainer.sample_tokens=0", "trainer.eval_batches=1", "logger=none"]
+
+
+def save_random(out, kind: str, seed: int = 0):
+    import transformers
+
+    from zoo.families.llama.hf import CLASSES, CONFIGS
+
+    torch.manual_seed(seed)
+    model = getattr(transformers, CLASSES[kind])(getattr(transformers, CONFIGS[kind])(**DIMS, **KINDS[kind]))
+    with torch.no_grad():  # biases zero and norms one as initialised: random, so that losing one shows
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "norm.weight")):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_imported_under_3d_and_exported_unchanged(run_zoo, tmp_path, kind):
+    source = save_random(tmp_path / "source", kind)
+    run = run_zoo(*IMPORT, "trainer.max_steps=0", f"model.init_from={source}", run_dir=tmp_path / "run")
+    assert (run.summary["tp"], run.summary["pp"]) == (2, 2)
+    again = export(run.run_dir / "checkpoints" / "step_0000000", tmp_path / "again")
+    a, b = load_file(str(source / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    before, after = (json.loads((d / "config.json").read_text()) for d in (source, again))
+    for key in ("model_type", "architectures", "tie_word_embeddings", "sliding_window", "num_key_value_heads"):
+        assert after.get(key) == before.get(key), key
+
+
+def test_a_qwen3_trained_under_3d_equals_one_process_and_transformers_gives_zoos_logits(run_zoo, tmp_path):
+    from transformers import Qwen3ForCausalLM
+
+    from zoo.checkpoint.weights import load_plain
+    from zoo.models.llama import LlamaForCausalLM, LlamaShape
+
+    init = f"model.init_from={save_random(tmp_path / 'source', 'qwen3')}"
+    steps = ["trainer.max_steps=5", "trainer.log_every=1", "optim.warmup_steps=2"]
+    ref = run_zoo(*IMPORT, "parallel=ddp", "parallel.dp=1", "trainer.micro_batch_size=4", init, *steps,
+                  run_dir=tmp_path / "ref")
+    run = run_zoo(*IMPORT, init, *steps, "checkpoint.every=5", run_dir=tmp_path / "run")
+    torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-5, atol=0)
+    out = export(run.run_dir, tmp_path / "hf")
+    meta = json.loads((run.run_dir / "checkpoints" / "step_0000005" / "state.json").read_text())["shape"]
+    assert (meta["arch"], meta["qk_norm"], meta["head_size"]) == ("qwen3", True, 64)
+    ours = LlamaForCausalLM(LlamaShape(**meta)).eval()
+    load_plain(ours, load_run_weights(run.run_dir))
+    ids = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = Qwen3ForCausalLM.from_pretrained(str(out)).eval()(ids).logits
+        torch.testing.assert_close(theirs, ours(ids), rtol=1e-5, atol=1e-5)
