@@ -35,6 +35,7 @@ from zoo.observe.metrics import RunLog, peak_memory_bytes
 from zoo.observe.monitor import Monitor
 from zoo.observe.tracking import open_tracker
 from zoo.parallel.context import context_rank
+from zoo.parallel.token_weights import token_weights, weighted
 from zoo.parallel.topology import Layout, tp_group
 from zoo.run import allocator, signals
 from zoo.run.checkpoint_interval import interval_policy
@@ -266,13 +267,18 @@ class Trainer:
         (under pipeline parallelism already averaged over the data-parallel group)."""
         self.engine.train()
         batches = self.micro_batches()
+        weights = (token_weights(batches, grad_accum=self.grad_accum, dp=self.layout.dp, dp_group=self.dp_group)
+                   if self.task.weighs_tokens else None)  # the mean over the global batch's counted targets
         if self.pipelined:  # the pipeline engine runs its schedule over all micro-batches
-            loss = self.engine.train_batch(iter(batches)).detach().float()
+            loss = self.engine.train_batch(iter(batches if weights is None else weighted(batches, weights)))
+            loss = loss.detach().float()
         else:
             loss = torch.zeros((), device=self.device)
-            for x, y in batches:
+            for i, (x, y) in enumerate(batches):
                 with self.mark("forward"):
                     micro_loss = self.engine(x, y)
+                    if weights is not None:
+                        micro_loss = micro_loss * weights[i]
                 with self.mark("backward"):
                     self.engine.backward(micro_loss)
                 with self.mark("optimizer"):  # at the accumulation boundary: the step (else bookkeeping)

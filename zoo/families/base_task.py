@@ -28,6 +28,10 @@ class Task:
     """Base class: fixed-size samples read in the seeded, layout-free stream order."""
 
     family = ""
+    weighs_tokens = False
+    """Whether its targets are masked unevenly across samples: the trainer then weighs each
+    micro-batch's loss so the step's is the mean over the global batch's targets
+    (zoo.parallel.token_weights)."""
 
     def __init__(self, spec, cfg: Config, device: torch.device, layout: Layout):
         self.spec = spec  # the family's FamilySpec (it made this task: FamilySpec.new_task)

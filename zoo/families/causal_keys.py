@@ -12,3 +12,8 @@ class DocumentDataKeys:
     """GPT and Llama: attention only within a document (block-causal) and positions restarting
     at each document's start, in the packed blocks (zoo.models.documents); false: a block's
     tokens attend to every earlier token of the block, positions 0..block_size-1."""
+    eod_mask_loss: bool = False
+    """GPT and Llama: no target across a document boundary (Megatron's --eod-mask-loss): the
+    position whose input is the end-of-document token predicts nothing. The loss is then the mean
+    over the global batch's targets that count (zoo.parallel.token_weights), the same on every
+    layout and micro-batching, as evaluation's."""

@@ -17,6 +17,7 @@ import torch.nn as nn
 from data_pipelines.schedule import SampleStream
 from zoo.families.base_task import Batch, Task, TextDocuments
 from zoo.families.transformer import padded_vocab
+from zoo.models.losses import IGNORE
 
 PROMPT_TOKENS = 8  # the default prompt: this many tokens from the start of the held-out split
 
@@ -49,6 +50,9 @@ class CausalLMTask(TextDocuments, Task):
         self.stream = SampleStream(len(self.blocks.train), cfg.trainer.seed)
         # data.document_mask: the token that ends each document in the packed blocks.
         self.document_end = int(self.blocks.meta["eos_id"]) if cfg.data.document_mask else None
+        # data.eod_mask_loss: that token predicts nothing (no target across a document boundary).
+        self.eod_masked = int(self.blocks.meta["eos_id"]) if cfg.data.eod_mask_loss else None
+        self.weighs_tokens = self.eod_masked is not None
 
     def build_options(self, grid) -> dict:
         from zoo.parallel.context import context_shard
@@ -205,13 +209,17 @@ class CausalLMTask(TextDocuments, Task):
 
     def sample_noun(self) -> str:
         masked = ", attending within documents" if self.document_end is not None else ""
+        masked += ", no target after a document's end" if self.eod_masked is not None else ""
         return (f"blocks of {self.shape.block_size} tokens ({self.stream.num_samples * self.shape.block_size:,} "
                 f"tokens{masked})")
 
     def collate(self, split: str, indices: np.ndarray) -> Batch:
         rows = self.blocks.train if split == "train" else self.blocks.eval
         block = torch.from_numpy(np.asarray(rows[indices], dtype=np.int64))
-        return block[:, :-1], block[:, 1:]
+        x, y = block[:, :-1], block[:, 1:]
+        if self.eod_masked is not None:  # in training and evaluation alike, as Megatron's --eod-mask-loss
+            y = y.masked_fill(x == self.eod_masked, IGNORE)
+        return x, y
 
     def num_eval(self) -> int:
         return len(self.blocks.eval)

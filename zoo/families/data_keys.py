@@ -17,12 +17,13 @@ CAUSAL_TEXT: Dict[str, Tuple[str, ...]] = {
     "vocab_size": TOKENIZING,
     "num_proc": TOKENIZING,
     "document_mask": (*TOKENIZING, "prepared"),
+    "eod_mask_loss": (*TOKENIZING, "prepared"),
 }
 """GPT and Llama: packed blocks of tokens."""
 
 MASKED_TEXT: Dict[str, Tuple[str, ...]] = {
     # Its sentence pairs are built in one process; its attention is bidirectional within a pair.
-    **{k: v for k, v in CAUSAL_TEXT.items() if k not in ("num_proc", "document_mask")},
+    **{k: v for k, v in CAUSAL_TEXT.items() if k not in ("num_proc", "document_mask", "eod_mask_loss")},
     "mlm_probability": ("pydoc", "files", "hub", "prepared"),
 }
 """BERT: sentence-pair samples, masked."""
@@ -38,6 +39,8 @@ IMAGES: Dict[str, Tuple[str, ...]] = {
 ONLY_FOR: Dict[str, str] = {
     "document_mask": "attention within each document is for the causal language models (model=gpt, model=llama); "
                      "BERT attends both ways within its sentence pairs",
+    "eod_mask_loss": "masking the target after each end-of-document token is for the causal language models "
+                     "(model=gpt, model=llama); BERT predicts only its masked tokens",
 }
 """Why a key belongs to some families only, for the refusal in the others."""
 

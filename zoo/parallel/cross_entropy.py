@@ -83,11 +83,17 @@ def vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
 
 
 class TokenLoss:
-    """Mean per-token loss of (possibly vocab-sharded) logits; -100 targets are ignored."""
+    """Mean per-token loss of (possibly vocab-sharded) logits; -100 targets are ignored. The
+    targets may come as (targets, weight): the mean times the micro-batch's weight
+    (zoo.parallel.token_weights)."""
 
     def __init__(self, tp_group=None):
         self.per_token: Callable = (functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
                                     if tp_group is not None else cross_entropy_per_token)
 
-    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return masked_mean(self.per_token(logits, targets), targets)
+    def __call__(self, logits: torch.Tensor, targets) -> torch.Tensor:
+        weight = None
+        if isinstance(targets, (tuple, list)):
+            targets, weight = targets
+        loss = masked_mean(self.per_token(logits, targets), targets)
+        return loss if weight is None else loss * weight
