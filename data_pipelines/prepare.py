@@ -545,6 +545,25 @@ def as_flags(message: str) -> str:
     return message
 
 
+def _main_chat(a) -> None:
+    from data_pipelines.chat_prepare import prepare_chat
+
+    try:
+        if not a.tokenizer:
+            raise DataError("--format chat needs --tokenizer: a model's directory with its tokenizer and chat template")
+        if not a.block_size or a.block_size < 1:
+            raise DataError(f"--format chat needs --block-size N >= 1 (given {a.block_size}): the model.block_size the "
+                            f"conversations are packed for")
+        meta = prepare_chat(a.path, a.tokenizer, a.out, block_size=a.block_size, train_on=a.train_on,
+                            chat_template=a.chat_template, packing=not a.no_packing, truncate=a.truncate)
+    except DataError as err:
+        print(f"data_pipelines.prepare: error: {as_flags(str(err))}", file=sys.stderr)
+        sys.exit(2)
+    print(f"prepared {meta['conversations']:,} conversations into {meta['tokens'] // (a.block_size + 1):,} blocks of "
+          f"{a.block_size + 1} tokens ({meta['supervised_tokens']:,} targets, {meta['truncated']:,} truncated, "
+          f"{meta['padding_tokens']:,} padding) in {a.out}; train with data=chat data.path={a.out}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m data_pipelines.prepare", description=__doc__.split("\n")[0])
     ap.add_argument("--name", default="files", choices=["files", "hub", "pydoc"])
@@ -566,7 +585,19 @@ def main(argv=None) -> None:
                     help="tokenizing processes (default: one per core); the output is the same for any number")
     ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
                     help=f"tokens a shard reaches before the next begins (default {SHARD_TOKENS:,})")
+    chat = ap.add_argument_group("--format chat: conversations for fine-tuning (data_pipelines.chat_prepare)")
+    ap.add_argument("--format", default="text", choices=["text", "chat"],
+                    help="text: documents into token shards; chat: conversations rendered with --tokenizer's chat "
+                         "template, packed into blocks of --block-size with their target masks (data=chat reads them)")
+    chat.add_argument("--block-size", type=int, help="the model.block_size the blocks are packed for")
+    chat.add_argument("--train-on", default="assistant", choices=["assistant", "last_turn", "all"])
+    chat.add_argument("--chat-template", help="chatml or a .jinja file (default: the tokenizer's own)")
+    chat.add_argument("--no-packing", action="store_true", help="one conversation a block")
+    chat.add_argument("--truncate", default="end", choices=["end", "refuse"])
     a = ap.parse_args(argv)
+    if a.format == "chat":
+        _main_chat(a)
+        return
     for flag, value in (("--workers", a.workers), ("--batch-docs", a.batch_docs), ("--batch-chars", a.batch_chars),
                         ("--shard-tokens", a.shard_tokens)):
         if value is not None and value < 1:

@@ -213,6 +213,21 @@ def _check_choices(cfg: Config, cuda_available: bool) -> None:
                  f"or type:REGEX (stages balanced by the layers whose class name matches)")
 
 
+def _check_chat(cfg: Config) -> None:
+    """data=chat renders conversations with a model's tokenizer and its chat template."""
+    from data_pipelines.chat import TRAIN_ON
+    from data_pipelines.chat_blocks import TRUNCATE
+    from zoo.families.data_keys import own_tokenizer
+
+    d = cfg.data
+    require(d.train_on in TRAIN_ON, f"data.train_on={d.train_on!r} is unknown; choose one of {list(TRAIN_ON)}")
+    require(d.truncate in TRUNCATE, f"data.truncate={d.truncate!r} is unknown; choose one of {list(TRUNCATE)}")
+    require(own_tokenizer(d, cfg.model.init_from) is not None,
+            "data=chat renders conversations with a model's tokenizer: set model.init_from=DIR (a model directory "
+            "with its tokenizer) or data.tokenizer=DIR")
+    require(d.mix is None or not d.mix, "data.mix does not mix conversations; give one data.path of conversation files")
+
+
 def _check_data(cfg: Config, spec) -> None:
     from zoo.families.registry import FAMILIES
 
@@ -224,12 +239,22 @@ def _check_data(cfg: Config, spec) -> None:
         hint = ", ".join(f"data={s}" for s in sources)
         raise ConfigError(f"data.name={d.name!r} does not fit model.family={family}, which reads {spec.reads}; "
                           f"use {hint}" + (" (files and hub with data.path)" if "files" in sources else ""))
-    if d.name in ("files", "hub", "prepared") and not d.mix:
+    if d.name in ("files", "hub", "prepared", "chat") and not d.mix:
         what = {"files": "a directory with one sub-directory of images per class" if spec.reads == "images"
                 else "a text file, a directory or a glob (txt, jsonl, parquet, csv)",
                 "hub": "a Hugging Face dataset name or a local dataset directory",
-                "prepared": "the output directory of `python -m data_pipelines.prepare`"}[d.name]
+                "prepared": "the output directory of `python -m data_pipelines.prepare`",
+                "chat": "conversation files (jsonl, json, parquet: a file, a directory or a glob) or a dataset "
+                        "directory"}[d.name]
         require(bool(d.path), f"data.name={d.name} needs data.path: {what}")
+    if d.name == "chat":
+        _check_chat(cfg)
+    if d.name == "prepared" and d.path:
+        from data_pipelines.chat_blocks import is_chat
+
+        require(not is_chat(Path(d.path).expanduser()),
+                f"data.path={d.path} holds conversations prepared for fine-tuning (their target masks beside the "
+                f"tokens); read it with data=chat data.path={d.path}")
     require(not (d.name == "prepared" and cfg.model.init_from),
              f"model.init_from={cfg.model.init_from} with data=prepared: a prepared file trains zoo's own "
              f"initialisation only (an import's weights and tokenizer are read on text sources); give the text as "

@@ -245,8 +245,10 @@ class TextDocuments:
         self.init_state, meta = None, None
         if cfg.model.init_from:  # the architecture and the weights
             from zoo.checkpoint.hf_weights import read_hf
+            from zoo.families.transformer import trained_block
 
             meta, self.init_state = read_hf(cfg.model.init_from, self.spec, pad_multiple)
+            meta = trained_block(self.spec, meta, cfg.model)
         tok_dir = own_tokenizer(cfg.data, cfg.model.init_from)
         return meta, tok_dir or str(train_tokenizer(docs, cfg.data.vocab_size, source_key, cfg.data.cache_dir))
 

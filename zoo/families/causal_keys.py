@@ -4,6 +4,7 @@ says which of their sources read each (validation refuses them for BERT and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -17,3 +18,15 @@ class DocumentDataKeys:
     position whose input is the end-of-document token predicts nothing. The loss is then the mean
     over the global batch's targets that count (zoo.parallel.token_weights), the same on every
     layout and micro-batching, as evaluation's."""
+    train_on: str = "assistant"
+    """data=chat: which tokens are targets: `assistant` (every assistant turn, its end-of-turn
+    token included), `last_turn` (the last assistant turn), `all` (every token)."""
+    chat_template: Optional[str] = None
+    """data=chat: the template conversations are rendered with. None: the tokenizer's own;
+    `chatml` (ChatML turns, the assistant's marked for masking); or a .jinja file."""
+    packing: bool = True
+    """data=chat: conversations packed whole into each block, in order (with data.document_mask:
+    none sees another); false: one conversation a block, the rest padding."""
+    truncate: str = "end"
+    """data=chat: a conversation longer than model.block_size is cut at its `end` (counted in
+    the start line) or `refuse`d, naming its file and line."""

@@ -39,6 +39,8 @@ class CausalLMTask(TextDocuments, Task):
         cfg = self.cfg
         if cfg.data.mix:
             self._prepare_mixture()
+        elif cfg.data.name == "chat":
+            self._prepare_chat()
         elif cfg.data.name == "prepared":  # pre-tokenized, memory-mapped (python -m data_pipelines.prepare)
             self._prepare_pretokenized()
         else:
@@ -52,7 +54,8 @@ class CausalLMTask(TextDocuments, Task):
         self.document_end = int(self.blocks.meta["eos_id"]) if cfg.data.document_mask else None
         # data.eod_mask_loss: that token predicts nothing (no target across a document boundary).
         self.eod_masked = int(self.blocks.meta["eos_id"]) if cfg.data.eod_mask_loss else None
-        self.weighs_tokens = self.eod_masked is not None
+        self.chat = hasattr(self.blocks.train, "masks")  # conversations: targets only where the mask says
+        self.weighs_tokens = self.eod_masked is not None or self.chat
 
     def build_options(self, grid) -> dict:
         from zoo.parallel.context import context_shard
@@ -69,6 +72,16 @@ class CausalLMTask(TextDocuments, Task):
     def _held_directory(self):
         cfg = self.cfg
         return Path(cfg.data.eval_path).expanduser() if cfg.data.eval_path else None
+
+    def _prepare_chat(self) -> None:
+        """data=chat: conversations rendered with the model's tokenizer and packed with their target
+        masks (zoo.families.chat_data); data.path may also be a chat directory prepared before."""
+        from zoo.families.chat_data import COUNTED, chat_blocks
+
+        meta, tok_dir = self._import_and_tokenizer(None, "", None, self.cfg.model.vocab_pad_multiple)
+        self.blocks = chat_blocks(self.cfg.data, tok_dir, self._block_size(meta))
+        self.data_counts = {k: self.blocks.meta[k] for k in COUNTED if k in self.blocks.meta}
+        self._finish_text(meta, tok_dir)
 
     def _prepare_pretokenized(self) -> None:
         from transformers import AutoTokenizer
@@ -189,7 +202,14 @@ class CausalLMTask(TextDocuments, Task):
         t = self.cfg.trainer
         if t.sample_tokens == 0:
             return None
-        return Sampling(prompt=self.tokenizer(self.sample_prompt())["input_ids"], max_new_tokens=t.sample_tokens,
+        prompt = self.sample_prompt()
+        if self.chat:  # a user turn, and the assistant's answer is generated
+            from zoo.families.chat_data import chat_prompt_ids
+
+            ids = chat_prompt_ids(self.tokenizer, self.cfg.data.chat_template, prompt)
+        else:
+            ids = self.tokenizer(prompt)["input_ids"]
+        return Sampling(prompt=ids, max_new_tokens=t.sample_tokens,
                         block_size=self.shape.block_size, temperature=t.sample_temperature, top_k=t.sample_top_k,
                         seed=t.seed, document_mask=self.document_end is not None)
 
@@ -210,6 +230,11 @@ class CausalLMTask(TextDocuments, Task):
     def sample_noun(self) -> str:
         masked = ", attending within documents" if self.document_end is not None else ""
         masked += ", no target after a document's end" if self.eod_masked is not None else ""
+        if self.chat:
+            m = self.blocks.meta
+            masked += (f"; {m.get('conversations', 0):,} conversations, {m.get('supervised_tokens', 0):,} target "
+                       f"tokens (data.train_on={m.get('train_on', self.cfg.data.train_on)}), "
+                       f"{m.get('truncated', 0):,} truncated, {m.get('padding_tokens', 0):,} padding")
         return (f"blocks of {self.shape.block_size} tokens ({self.stream.num_samples * self.shape.block_size:,} "
                 f"tokens{masked})")
 
@@ -217,6 +242,8 @@ class CausalLMTask(TextDocuments, Task):
         rows = self.blocks.train if split == "train" else self.blocks.eval
         block = torch.from_numpy(np.asarray(rows[indices], dtype=np.int64))
         x, y = block[:, :-1], block[:, 1:]
+        if self.chat:  # a target where its token is one (the assistant's, by data.train_on)
+            y = y.masked_fill(torch.from_numpy(rows.masks(indices)[:, 1:] == 0), IGNORE)
         if self.eod_masked is not None:  # in training and evaluation alike, as Megatron's --eod-mask-loss
             y = y.masked_fill(x == self.eod_masked, IGNORE)
         return x, y
@@ -244,6 +271,12 @@ class CausalLMTask(TextDocuments, Task):
         """trainer.sample_prompt, else the first tokens of the held-out split (text of this corpus)."""
         if self.cfg.trainer.sample_prompt:
             return self.cfg.trainer.sample_prompt
+        if getattr(self, "chat", False):
+            from zoo.families.chat_data import first_user_turn
+
+            turn = first_user_turn(self.cfg.data.path)
+            if turn:
+                return turn
         rows = self.blocks.eval if len(self.blocks.eval) else self.blocks.train
         text = self.tokenizer.decode(np.asarray(rows[np.arange(1)])[0][:PROMPT_TOKENS].tolist()).strip()
         return text.split("\n", 1)[0].strip() or text or "The"  # its first line

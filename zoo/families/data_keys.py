@@ -11,19 +11,24 @@ TOKENIZING = ("pydoc", "files", "hub")  # the sources a tokenizer is trained on 
 """A prepared directory holds its tokens and its tokenizer."""
 
 CAUSAL_TEXT: Dict[str, Tuple[str, ...]] = {
-    "path": ("files", "hub", "prepared"),
+    "path": ("files", "hub", "prepared", "chat"),
     "text_column": ("files", "hub"),
-    "tokenizer": TOKENIZING,
+    "tokenizer": (*TOKENIZING, "chat"),
     "vocab_size": TOKENIZING,
     "num_proc": TOKENIZING,
-    "document_mask": (*TOKENIZING, "prepared"),
+    "document_mask": (*TOKENIZING, "prepared", "chat"),
     "eod_mask_loss": (*TOKENIZING, "prepared"),
+    "train_on": ("chat",),
+    "chat_template": ("chat",),
+    "packing": ("chat",),
+    "truncate": ("chat",),
 }
 """GPT and Llama: packed blocks of tokens."""
 
 MASKED_TEXT: Dict[str, Tuple[str, ...]] = {
     # Its sentence pairs are built in one process; its attention is bidirectional within a pair.
-    **{k: v for k, v in CAUSAL_TEXT.items() if k not in ("num_proc", "document_mask", "eod_mask_loss")},
+    **{k: tuple(s for s in v if s != "chat") for k, v in CAUSAL_TEXT.items()
+       if k not in ("num_proc", "document_mask", "eod_mask_loss", "train_on", "chat_template", "packing", "truncate")},
     "mlm_probability": ("pydoc", "files", "hub", "prepared"),
 }
 """BERT: sentence-pair samples, masked."""
@@ -39,6 +44,8 @@ IMAGES: Dict[str, Tuple[str, ...]] = {
 ONLY_FOR: Dict[str, str] = {
     "document_mask": "attention within each document is for the causal language models (model=gpt, model=llama); "
                      "BERT attends both ways within its sentence pairs",
+    **{k: "conversations for fine-tuning are for the causal language models (model=gpt, model=llama, model=qwen2, "
+          "...)" for k in ("train_on", "chat_template", "packing", "truncate")},
     "eod_mask_loss": "masking the target after each end-of-document token is for the causal language models "
                      "(model=gpt, model=llama); BERT predicts only its masked tokens",
 }

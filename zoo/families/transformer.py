@@ -48,7 +48,25 @@ def imported_dims(spec, m: ModelConfig):
         meta = hf_meta(m.init_from, spec, m.vocab_pad_multiple)
     except KeyError as err:
         raise ConfigError(f"model.init_from={m.init_from}: its config.json has no {err}") from None
-    return spec.shape_type(**meta)
+    return spec.shape_type(**trained_block(spec, meta, m))
+
+
+def trained_block(spec, meta: dict, m: ModelConfig) -> dict:
+    """An import's shape fields with model.block_size, where set, as the length it trains on:
+    shorter than the import's own for a family whose positions are computed (Llama's rotary
+    ones: `max_positions` keeps the import's for its export); refused where positions are a
+    table of the import's length (GPT, BERT) or where it is longer than the import's."""
+    own = meta["block_size"]
+    if m.block_size is None or m.block_size == own:
+        return meta
+    fields = {f.name for f in dataclasses.fields(spec.shape_type)}
+    if "max_positions" not in fields:
+        raise ConfigError(f"model.block_size={m.block_size} with model.init_from={m.init_from}: its position table "
+                          f"holds {own} positions, the length this family trains on; drop model.block_size")
+    if m.block_size > own:
+        raise ConfigError(f"model.block_size={m.block_size} is longer than model.init_from={m.init_from}'s "
+                          f"{own} positions (max_position_embeddings); use at most {own}")
+    return {**meta, "block_size": m.block_size, "max_positions": meta.get("max_positions") or own}
 
 
 def check_transformer(spec, cfg: Config, layout: Layout, warnings: List[str]) -> Tuple[int, str]:

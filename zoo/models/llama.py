@@ -98,6 +98,9 @@ class LlamaShape:
     """Biases on the query, key and value projections (Qwen2)."""
     qk_norm: bool = False
     """An RMSNorm over each query and key head before the rotary embeddings (Qwen3)."""
+    max_positions: Optional[int] = None
+    """An import's own context length where model.block_size trains a shorter one (its export
+    keeps it as max_position_embeddings). None: block_size."""
     sliding_window: Optional[int] = None
     """Mistral's attention window: a token sees the `sliding_window` tokens up to itself. zoo
     attends over the whole block, so validation refuses a window shorter than the block."""

@@ -116,7 +116,7 @@ def check(cfg: Config, world=None, cuda=False):
     (["model=cnn", "model.activation_checkpointing=true"], r"would update its BatchNorm running statistics"),
     # A data key the chosen source would ignore (#33 item 3), naming the sources that read it.
     (["model=llama", "data.path=my_corpus.jsonl"], r"data.path='my_corpus.jsonl' is read by "
-                                                   r"data=files\|data=hub\|data=prepared; you chose data=pydoc"),
+                                                   r"data=files\|data=hub\|data=prepared\|data=chat; you chose data=pydoc"),
     (["model=cnn", "data.path=imgs"], r"data.path='imgs' is read by data=files\|data=hub; you chose data=digits"),
     (["model=cnn", "data=files", "data.path=imgs", "data.image_column=img"],
      r"data.image_column='img' is read by data=hub; you chose data=files"),

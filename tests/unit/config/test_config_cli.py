@@ -99,5 +99,5 @@ def test_the_schema_is_no_group_choice_and_help_lists_none():
                 compose(config_name=config, overrides=[f"{group}={group}_schema"])
     shown = subprocess.run([sys.executable, "-m", "zoo.train", "--help"], cwd=REPO, capture_output=True, text=True,
                            timeout=120)
-    assert shown.returncode == 0 and "data: digits, files, hub, prepared, pydoc" in shown.stdout
+    assert shown.returncode == 0 and "data: chat, digits, files, hub, prepared, pydoc" in shown.stdout
     assert "_schema" not in shown.stdout.split("== Config ==")[0], shown.stdout[:1500]

@@ -12,7 +12,10 @@ from zoo.families.registry import family
 def test_each_source_keeps_only_the_keys_it_reads():
     gpt, bert, cnn = (family(name).data_keys for name in ("gpt", "bert", "cnn"))
     assert set(unread(DataConfig(name="pydoc"), gpt)) == {"path", "text_column", "mlm_probability", "image_size",
-                                                          "image_column", "label_column"}
+                                                          "image_column", "label_column", "train_on", "chat_template",
+                                                          "packing", "truncate"}
+    assert not {"train_on", "chat_template", "packing", "truncate", "path", "tokenizer"} & set(
+        unread(DataConfig(name="chat", path="c.jsonl"), gpt))
     assert "path" not in unread(DataConfig(name="files", path="c.jsonl"), gpt)
     assert set(unread(DataConfig(name="prepared", path="d"), gpt)) >= {"tokenizer", "vocab_size", "num_proc"}
     assert "mlm_probability" not in unread(DataConfig(name="pydoc"), bert)

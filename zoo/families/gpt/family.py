@@ -40,7 +40,7 @@ SPEC = FamilySpec(
     name="gpt", model=GPT, shape_type=GPTShape, shape=_shape, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: gpt_init_std(name, shape)),
     check=lambda cfg, layout, warnings: check_transformer(SPEC, cfg, layout, warnings),
-    data_sources=("pydoc", "files", "hub", "prepared"), reads="text", 
+    data_sources=("pydoc", "files", "hub", "prepared", "chat"), reads="text",
     mix_sources=("pydoc", "files", "hub", "prepared"),
     sizes=tuple(GPT_SIZES), published=GPT_PUBLISHED, data_keys=data_keys.CAUSAL_TEXT, generates_text=True, context_parallel=True,
     pipeline_loss=TokenLoss, flops_per_sample=transformer_flops_per_sample, tp_rules=TP_RULES,

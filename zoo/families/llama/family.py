@@ -92,7 +92,7 @@ def _flops_per_sample(task):
 SPEC = FamilySpec(
     name="llama", model=LlamaForCausalLM, shape_type=LlamaShape, shape=llama_dims, task=CausalLMTask,
     init_std=lambda shape, _module: (lambda name: llama_init_std(name, shape)), check=check,
-    data_sources=("pydoc", "files", "hub", "prepared"), reads="text", 
+    data_sources=("pydoc", "files", "hub", "prepared", "chat"), reads="text",
     mix_sources=("pydoc", "files", "hub", "prepared"),
     sizes=tuple(LLAMA_SIZES), published=LLAMA_PUBLISHED, data_keys=data_keys.CAUSAL_TEXT, generates_text=True, context_parallel=True,
     pipeline_loss=TokenLoss, flops_per_sample=_flops_per_sample, tp_rules=TP_RULES, tp_rules_of=tp_rules_of,

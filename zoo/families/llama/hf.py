@@ -73,7 +73,7 @@ def config(meta: dict, eos_token_id=None, pad_token_id=None, **_):
     fields = dict(vocab_size=meta["vocab_size"], hidden_size=meta["n_embd"],
                   intermediate_size=meta["intermediate_size"], num_hidden_layers=meta["n_layer"],
                   num_attention_heads=meta["n_head"], num_key_value_heads=meta["n_kv_head"],
-                  max_position_embeddings=meta["block_size"], rope_theta=meta["rope_theta"],
+                  max_position_embeddings=meta.get("max_positions") or meta["block_size"], rope_theta=meta["rope_theta"],
                   rms_norm_eps=meta["rms_norm_eps"], tie_word_embeddings=bool(meta.get("tie_embeddings", False)),
                   head_dim=meta.get("head_size") or meta["n_embd"] // meta["n_head"],
                   bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,

@@ -1,0 +1,186 @@
+"""Rendered conversations packed into blocks, written as a prepared directory with the target
+mask beside the tokens, and read back as blocks with their masks.
+
+Each block is block_size + 1 tokens that start with a conversation: conversations are placed
+whole, in order, each followed by the separator (a token none of them holds: with
+data.document_mask it ends a document, so no conversation attends to another and positions
+restart), and a conversation that does not fit in what is left of a block starts the next one,
+the rest filled with the separator (`packing`: true). `packing: false` gives every
+conversation a block of its own. A conversation longer than the block is cut at its end
+(`truncate: end`) or refused (`truncate: refuse`). The directory holds tokens-00000.bin (as
+data_pipelines.prepare writes them: data=prepared reads it), mask-00000.bin (uint8, 1 where
+the token is a target) and meta.json (`format: zoo-chat-1`, the block size it was packed for,
+what was counted).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from data_pipelines.lm import BlockSplit
+from data_pipelines.text_sources import DataError
+
+FORMAT = "zoo-chat-1"
+TRUNCATE = ("end", "refuse")
+
+
+def pick_separator(tokenizer, conversations: List[np.ndarray]) -> int:
+    """The token that separates conversations: the first of eos, pad and bos that no
+    conversation holds (a chat model's eos often ends every turn: Qwen's <|im_end|>)."""
+    held = set()
+    for ids in conversations:
+        held.update(np.unique(ids).tolist())
+    names = ("eos_token_id", "pad_token_id", "bos_token_id")
+    for name in names:
+        token = getattr(tokenizer, name, None)
+        if token is not None and token not in held:
+            return int(token)
+    raise DataError(f"every one of the tokenizer's eos, pad and bos tokens "
+                    f"({[getattr(tokenizer, n, None) for n in names]}) occurs inside the conversations, so none can "
+                    f"separate them; give a tokenizer with a token the template does not use (e.g. a pad token)")
+
+
+def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size: int, separator: int, *,
+         packing: bool = True, truncate: str = "end") -> Tuple[np.ndarray, np.ndarray, Dict[str, int]]:
+    """(where, ids, mask) in order -> (tokens, mask, counts), each of n x (block_size + 1)."""
+    if truncate not in TRUNCATE:
+        raise DataError(f"data.truncate={truncate!r}; use one of {', '.join(TRUNCATE)}")
+    width = block_size + 1
+    tokens: List[np.ndarray] = []
+    masks: List[np.ndarray] = []
+    counts = {"conversations": 0, "truncated": 0, "dropped_no_target_left": 0, "padding_tokens": 0,
+              "supervised_tokens": 0}
+    row_t, row_m = [], []
+    used = 0
+
+    def close() -> None:
+        nonlocal used, row_t, row_m
+        if used:
+            pad = width - used
+            row_t.append(np.full(pad, separator, dtype=np.int64))
+            row_m.append(np.zeros(pad, dtype=np.uint8))
+            counts["padding_tokens"] += pad
+            tokens.append(np.concatenate(row_t))
+            masks.append(np.concatenate(row_m))
+        row_t, row_m, used = [], [], 0
+
+    for where, ids, mask in conversations:
+        if len(ids) > width:  # a block holds block_size + 1 tokens: block_size inputs and their targets
+            if truncate == "refuse":
+                raise DataError(f"{where}: the conversation is {len(ids):,} tokens, more than a block's {width:,} "
+                                f"(model.block_size={block_size} + 1); raise model.block_size, set data.truncate=end, "
+                                f"or drop the record")
+            ids, mask = ids[:width], mask[:width]
+            counts["truncated"] += 1
+            if not mask[1:].any():  # no target left (a target is a token after the first)
+                counts["dropped_no_target_left"] += 1
+                continue
+        if used + len(ids) > width or (not packing and used):
+            close()
+        row_t.append(np.asarray(ids, dtype=np.int64))
+        row_m.append(np.asarray(mask, dtype=np.uint8))
+        used += len(ids)
+        if used < width:  # the separator (a block's end separates as well)
+            row_t.append(np.asarray([separator], dtype=np.int64))
+            row_m.append(np.zeros(1, dtype=np.uint8))
+            used += 1
+        counts["conversations"] += 1
+    close()
+    if not tokens:
+        return np.zeros((0, width), np.int64), np.zeros((0, width), np.uint8), counts
+    tokens, masks = np.stack(tokens), np.stack(masks)
+    counts["supervised_tokens"] = int(masks[:, 1:].sum())  # a block's first token is no one's target
+    return tokens, masks, counts
+
+
+def write(out: Path, tokens: np.ndarray, mask: np.ndarray, *, vocab: int, separator: int, block_size: int,
+          tokenizer_dir: str, meta: dict) -> dict:
+    """The prepared directory `out` (written under a temporary name, then renamed)."""
+    import xxhash
+
+    from data_pipelines.tokenizer import save_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max else np.uint32)
+    flat, flat_mask = tokens.reshape(-1).astype(dtype), mask.reshape(-1).astype(np.uint8)
+    flat.tofile(out / "tokens-00000.bin")
+    flat_mask.tofile(out / "mask-00000.bin")
+    np.save(out / "unigram_counts.npy", np.bincount(flat, minlength=vocab)[:vocab].astype(np.int64))
+    save_tokenizer(tokenizer_dir, out / "tokenizer")
+    record = {"format": FORMAT, "dtype": dtype.name, "tokens": int(flat.size), "eos_id": int(separator),
+              "vocab": int(vocab), "block_size": int(block_size), "documents": int(meta.get("conversations", 0)),
+              **meta,
+              "shards": [{"file": "tokens-00000.bin", "tokens": int(flat.size), "bytes": int(flat.nbytes),
+                          "xxh3_64": xxhash.xxh3_64_hexdigest(flat.tobytes())}],
+              "mask_shards": [{"file": "mask-00000.bin", "bytes": int(flat_mask.nbytes)}]}
+    tmp = out / "meta.json.tmp"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out / "meta.json")
+    return record
+
+
+def is_chat(directory: Path) -> bool:
+    try:
+        return json.loads((Path(directory) / "meta.json").read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+class _MaskedRows:
+    """Rows of a split: (tokens, mask) of width block_size + 1, read when indexed."""
+
+    def __init__(self, tokens: np.memmap, mask: np.memmap, width: int, index: BlockSplit):
+        self.tokens, self.mask, self.width, self.index = tokens, mask, width, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _rows(self, source, i):
+        rows = np.atleast_1d(self.index[i])
+        return np.stack([np.asarray(source[r * self.width:(r + 1) * self.width]) for r in rows])
+
+    def __getitem__(self, i):
+        return self._rows(self.tokens, i) if np.ndim(i) else self._rows(self.tokens, i)[0]
+
+    def masks(self, i) -> np.ndarray:
+        return self._rows(self.mask, i)
+
+
+def _open(directory: Path, block_size: int, name: str):
+    meta = json.loads((directory / "meta.json").read_text())
+    if meta["block_size"] != block_size:
+        raise DataError(f"{name} holds conversations packed into blocks of {meta['block_size']} tokens, and "
+                        f"model.block_size={block_size}; prepare them again with --block-size {block_size} (or set "
+                        f"model.block_size={meta['block_size']})")
+    tokens = np.memmap(directory / meta["shards"][0]["file"], dtype=np.dtype(meta["dtype"]), mode="r")
+    mask = np.memmap(directory / meta["mask_shards"][0]["file"], dtype=np.uint8, mode="r")
+    return meta, tokens, mask, len(tokens) // (block_size + 1)
+
+
+class ChatBlocks:
+    """A chat directory's blocks: `train` and `eval` rows (every k-th block held out, or all of
+    `eval_directory`'s), each with `.masks(i)`; the meta and unigram counts as PreparedBlocks'."""
+
+    def __init__(self, directory: Path, block_size: int, eval_fraction: float,
+                 eval_directory: Optional[Path] = None, *, names: tuple = ()):
+        width = block_size + 1
+        name = names[0] if names else str(directory)
+        meta, tokens, mask, n = _open(Path(directory), block_size, name)
+        if n < (1 if eval_directory else 2):
+            raise DataError(f"{name} packs into {n} block(s) of {width} tokens; give more conversations (at least two "
+                            f"blocks: one to hold out) or a smaller model.block_size")
+        if eval_directory is None:
+            self.train = _MaskedRows(tokens, mask, width, BlockSplit(n, eval_fraction, held=False))
+            self.eval = _MaskedRows(tokens, mask, width, BlockSplit(n, eval_fraction, held=True))
+        else:
+            held_name = names[1] if len(names) > 1 else str(eval_directory)
+            _, held_tokens, held_mask, held_n = _open(Path(eval_directory), block_size, held_name)
+            self.train = _MaskedRows(tokens, mask, width, BlockSplit(n, 0.0, held=False))
+            self.eval = _MaskedRows(held_tokens, held_mask, width, BlockSplit(held_n, 0.0, held=False))
+        self.meta = {**{k: v for k, v in meta.items() if k not in ("shards", "mask_shards")}, "shards": 1,
+                     "tail_tokens_dropped": 0, "train_blocks": len(self.train), "eval_blocks": len(self.eval)}
+        self.unigram_counts = np.load(Path(directory) / "unigram_counts.npy")

@@ -1,0 +1,81 @@
+"""Conversations prepared for fine-tuning: read and checked (data_pipelines.chat), rendered with
+the tokenizer's chat template, packed (data_pipelines.chat_blocks), written once into the data
+cache (keyed by the conversations' files, the tokenizer, the template and every setting that
+changes the blocks) or into a directory of your own:
+
+    python -m data_pipelines.prepare --format chat --path 'chats/*.jsonl' --tokenizer MODEL_DIR \
+        --block-size 2048 --out DATA_DIR [--train-on assistant] [--chat-template chatml] [--no-packing]
+    python -m zoo.train model=qwen2 model.init_from=MODEL_DIR data=prepared data.path=DATA_DIR
+
+The conversations are rendered in one process and held until packed (a fine-tuning set of a
+few hundred thousand conversations: their tokens, a few hundred MB); the directory is written
+whole, under a temporary name, so an interrupted preparation leaves nothing half-written.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import Optional
+
+from data_pipelines.cache import cache_key, cache_root, cached_dir
+from data_pipelines.chat import ChatRenderer, load_template, open_chat, to_messages
+from data_pipelines.chat_blocks import pack, pick_separator, write
+
+
+def prepare_chat(path: str, tokenizer_dir: str, out: Path, *, block_size: int, train_on: str = "assistant",
+                 chat_template: Optional[str] = None, packing: bool = True, truncate: str = "end") -> dict:
+    """`out`, a chat directory of the conversations at `path`; returns its meta.json."""
+    from data_pipelines.tokenizer import load_tokenizer
+
+    source = open_chat(path)
+    tok = load_tokenizer(tokenizer_dir)
+    renderer = ChatRenderer(tok, load_template(chat_template), train_on)
+    rendered, first_user = [], None
+    for where, record in source.records():
+        messages = to_messages(record, where)
+        first_user = first_user or next((m["content"] for m in messages if m["role"] == "user"), None)
+        rendered.append((where, *renderer.render(messages, where)))
+    if not rendered:
+        from data_pipelines.text_sources import DataError
+
+        raise DataError(f"data.path={path} holds no conversations; give files with one record a line")
+    separator = pick_separator(tok, [ids for _, ids, _ in rendered])
+    tokens, mask, counts = pack(iter(rendered), block_size, separator, packing=packing, truncate=truncate)
+    meta = {**counts, "source": f"chat:{path}", "train_on": train_on, "packing": packing, "truncate": truncate,
+            "template": "generation markers" if renderer.markers else "turns found by prefix",
+            "first_user_turn": first_user}  # the end-of-run sample's default prompt
+    return write(out, tokens, mask, vocab=len(tok), separator=separator, block_size=block_size,
+                 tokenizer_dir=tokenizer_dir, meta=meta)
+
+
+def chat_cached(path: str, tokenizer_dir: str, *, block_size: int, train_on: str, chat_template: Optional[str],
+                packing: bool, truncate: str, cache_dir: Optional[str] = None) -> Path:
+    """The cache entry of `prepare_chat` with these settings: built once (under the cache's lock:
+    the first rank builds, the others wait), then reused by every run that asks the same."""
+    source = open_chat(path)
+    tok_json = Path(tokenizer_dir) / "tokenizer.json"
+    tok_id = hashlib.sha256(tok_json.read_bytes()).hexdigest() if tok_json.exists() else str(tokenizer_dir)
+    template = load_template(chat_template)
+    key = cache_key(source=source.key, tokenizer=tok_id, template=hashlib.sha256((template or "").encode()).hexdigest(),
+                    own_template=_own_template(tokenizer_dir), train_on=train_on, block=block_size, packing=packing,
+                    truncate=truncate)
+    entry = cache_root(cache_dir) / "datasets" / f"chat-{key}"
+
+    def build(tmp: Path) -> None:
+        print(f"zoo: data: rendering the conversations of data.path={path} into the cache ({entry.name}) once; later "
+              f"runs reuse it", file=sys.stderr, flush=True)
+        prepare_chat(path, tokenizer_dir, tmp, block_size=block_size, train_on=train_on, chat_template=chat_template,
+                     packing=packing, truncate=truncate)
+
+    return cached_dir(entry, build)
+
+
+def _own_template(tokenizer_dir: str) -> str:
+    """A digest of the tokenizer directory's own chat template files (they change the rendering)."""
+    h = hashlib.sha256()
+    for name in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json"):
+        f = Path(tokenizer_dir) / name
+        if f.is_file():
+            h.update(f.read_bytes())
+    return h.hexdigest()

@@ -1,0 +1,156 @@
+"""Conversations for fine-tuning (data_pipelines.chat, chat_blocks): the target mask is the
+template's own (`return_assistant_tokens_mask`), also where the template has no generation
+markers and the turns are found by rendering prefixes; packing keeps conversations whole; the
+loss of a packed block with document masking is the sum of its conversations' losses one by
+one; every bad record is one line naming the file, the line and the fix."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipelines.chat import CHATML, ChatRenderer, load_template, open_chat, to_messages
+from data_pipelines.chat_blocks import ChatBlocks, pack, pick_separator, write
+from data_pipelines.chat_synthetic import conversation, write_chat_tokenizer
+from data_pipelines.text_sources import DataError
+
+# The same turns with the generation markers around the whole difference a turn makes (its end and
+# newline), and without markers: the prefix rendering must find exactly the marked tokens.
+MARKED = CHATML.replace("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}",
+                        "{% generation %}{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}")
+PLAIN = MARKED.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from data_pipelines.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(write_chat_tokenizer(tmp_path_factory.mktemp("tok"))))
+
+
+def _conversations(n=12, seed=0):
+    rng = random.Random(seed)
+    return [conversation(rng, turns=1 + i % 3, system=i % 2 == 0)["messages"] for i in range(n)]
+
+
+def test_the_mask_is_the_templates_own_assistant_mask(tok):
+    for messages in _conversations():
+        ids, mask = ChatRenderer(tok, None, "assistant").render(messages, "x")
+        theirs = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        assert ids.tolist() == theirs["input_ids"] and mask.tolist() == theirs["assistant_masks"]
+        assert tok.decode(ids[mask == 1]).count("<|im_end|>") == sum(m["role"] == "assistant" for m in messages)
+
+
+def test_without_generation_markers_the_turns_found_by_prefixes_are_the_marked_ones(tok):
+    for messages in _conversations():
+        marked = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                         chat_template=MARKED)
+        ids, mask = ChatRenderer(tok, PLAIN, "assistant").render(messages, "x")
+        assert ids.tolist() == marked["input_ids"] and mask.tolist() == marked["assistant_masks"]
+        assert sum(marked["assistant_masks"]) > 0
+
+
+def test_last_turn_and_all(tok):
+    messages = _conversations()[2]  # three exchanges and a system prompt
+    ids, every = ChatRenderer(tok, None, "assistant").render(messages, "x")
+    _, last = ChatRenderer(tok, None, "last_turn").render(messages, "x")
+    _, everything = ChatRenderer(tok, None, "all").render(messages, "x")
+    assert tok.decode(ids[last == 1]) == messages[-1]["content"] + "<|im_end|>"
+    assert last.sum() < every.sum() < everything.sum() == len(ids)
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"text": "a document"}, "line 3 has neither `messages` nor `prompt` and `completion`"),
+    ({"messages": [{"role": "bot", "content": "x"}]}, "line 3: turn 0 has the unknown role 'bot'; use one of"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]},
+     "line 3: turn 1 is an empty assistant turn"),
+    ({"messages": [{"role": "user", "content": "q"}]}, "line 3 has no assistant turn"),
+    ({"messages": [{"role": "user", "content": 3}]}, "line 3: turn 0's content is int, not text"),
+])
+def test_a_bad_record_is_one_line_naming_file_line_and_fix(tmp_path, bad, says):
+    path = _write(tmp_path / "chats.jsonl", [GOOD, "", bad])  # line 2 blank: line numbers as an editor shows
+    with pytest.raises(DataError) as err:
+        for where, record in open_chat(str(path)).records():
+            to_messages(record, where)
+    assert str(err.value).startswith(f"{path} line 3") and says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_prompt_completion_pairs_are_a_user_and_an_assistant_turn():
+    assert to_messages({"prompt": "p", "completion": "c"}, "x") == [{"role": "user", "content": "p"},
+                                                                     {"role": "assistant", "content": "c"}]
+
+
+def test_a_template_that_renders_no_assistant_tokens_is_refused(tok):
+    silent = "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    with pytest.raises(DataError, match=r"f line 1: the chat template renders no assistant tokens"):
+        ChatRenderer(tok, silent, "assistant").render(GOOD["messages"], "f line 1")
+    with pytest.raises(DataError, match="the tokenizer has no chat template; set data.chat_template=chatml"):
+        ChatRenderer(type("T", (), {"chat_template": None})(), None, "assistant")
+    assert load_template("chatml") == CHATML
+
+
+def test_packing_keeps_conversations_whole_and_refuses_or_cuts_long_ones():
+    convs = [(f"f line {i}", np.arange(1, n + 1), np.r_[[0, 1, 1], np.zeros(n - 3)].astype(np.uint8))
+             for i, n in enumerate([5, 6, 4, 14])]
+    tokens, mask, counts = pack(iter(convs), 11, separator=99)
+    assert tokens.shape == (3, 12) and counts["conversations"] == 4 and counts["truncated"] == 1
+    assert tokens[0].tolist() == [1, 2, 3, 4, 5, 99, 1, 2, 3, 4, 5, 6]  # 5 + its separator, and 6 filling the block
+    assert tokens[1].tolist()[:5] == [1, 2, 3, 4, 99] and set(tokens[1, 5:].tolist()) == {99}
+    assert tokens[2].tolist() == list(range(1, 13))  # 14 tokens cut to a block's 12 at the end
+    assert mask[1].tolist()[:5] == [0, 1, 1, 0, 0] and counts["supervised_tokens"] == int(mask[:, 1:].sum()) == 8
+    cut, _, dropped = pack(iter([("g line 1", np.arange(1, 15), np.r_[np.zeros(13), [1]].astype(np.uint8))]), 11, 99)
+    assert len(cut) == 0 and dropped["dropped_no_target_left"] == 1  # its only target was cut off
+    one_each, _, _ = pack(iter(convs[:3]), 11, separator=99, packing=False)
+    assert one_each.shape == (3, 12)
+    with pytest.raises(DataError, match=r"f line 3: the conversation is 14 tokens, more than a block's 12 "):
+        pack(iter(convs), 11, separator=99, truncate="refuse")
+
+
+def test_the_separator_is_a_token_no_conversation_holds(tok):
+    ids = [ChatRenderer(tok, None, "assistant").render(m, "x")[0] for m in _conversations()]
+    assert tok.eos_token == "<|im_end|>"  # ends every turn: cannot separate conversations
+    assert pick_separator(tok, ids) == tok.pad_token_id
+
+
+def test_a_packed_blocks_loss_is_the_sum_of_its_conversations_one_by_one(tok, tmp_path):
+    """With document masking, a packed block's summed target loss equals the sum of each
+    conversation's alone (its own positions from 0, attending to itself only)."""
+    from zoo.models.llama import LlamaForCausalLM, llama_shape
+    from zoo.models.losses import IGNORE, cross_entropy_per_token
+
+    renderer = ChatRenderer(tok, None, "assistant")
+    rendered = [(f"c{i}", *renderer.render(m, "x")) for i, m in enumerate(_conversations(6))]
+    sep = pick_separator(tok, [r[1] for r in rendered])
+    tokens, mask, _ = pack(iter(rendered), 160, sep)
+    write(tmp_path / "d", tokens, mask, vocab=len(tok), separator=sep, block_size=160,
+          tokenizer_dir=tok.name_or_path, meta={})
+    blocks = ChatBlocks(tmp_path / "d", 160, 0.0)
+    row, row_mask = torch.from_numpy(blocks.train[0].astype(np.int64)), blocks.train.masks(0)[0]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(llama_shape("tiny", len(tok) + 2, n_layer=2, block_size=160)).eval()
+    model.document_end = sep
+
+    def summed(ids, m):
+        x, y = ids[None, :-1], ids[None, 1:].masked_fill(torch.from_numpy(m[1:] == 0)[None], IGNORE)
+        with torch.no_grad():
+            return cross_entropy_per_token(model(x), y).sum()
+
+    packed = summed(row, row_mask)
+    ends = np.flatnonzero(row.numpy() == sep)
+    starts = np.r_[0, ends[:-1] + 1]
+    inside = [(s, e) for s, e in zip(starts, ends) if e > s]  # the conversations (the padding is separators)
+    assert len(inside) >= 2
+    model.document_end = None
+    alone = sum(summed(row[s:e + 1], row_mask[s:e + 1]) for s, e in inside)
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
