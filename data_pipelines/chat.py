@@ -88,7 +88,8 @@ def open_chat(path: Optional[str]) -> ChatSource:
         raise DataError("data=chat needs data.path: .jsonl/.json/.parquet files of conversations (a file, a directory "
                         "or a glob) or a dataset directory")
     local = Path(path).expanduser()
-    if local.is_dir() and not any(f.suffix.lower() in SUFFIXES for f in local.rglob("*")):
+    saved = (local / "state.json").exists() or (local / "dataset_dict.json").exists()  # datasets' save_to_disk
+    if local.is_dir() and (saved or not any(f.suffix.lower() in SUFFIXES for f in local.rglob("*"))):
         ds = _dataset(path)
         return ChatSource(path, f"chat-dataset:{path}:{ds._fingerprint}", dataset_dir=path)
     files = [f for f in expand_paths(path) if f.suffix.lower() in SUFFIXES]

@@ -222,9 +222,10 @@ def _check_chat(cfg: Config) -> None:
     d = cfg.data
     require(d.train_on in TRAIN_ON, f"data.train_on={d.train_on!r} is unknown; choose one of {list(TRAIN_ON)}")
     require(d.truncate in TRUNCATE, f"data.truncate={d.truncate!r} is unknown; choose one of {list(TRUNCATE)}")
-    require(own_tokenizer(d, cfg.model.init_from) is not None,
-            "data=chat renders conversations with a model's tokenizer: set model.init_from=DIR (a model directory "
-            "with its tokenizer) or data.tokenizer=DIR")
+    require(not d.path or own_tokenizer(d, cfg.model.init_from) is not None,
+            f"data=chat data.path={d.path} renders conversations with a model's tokenizer: set model.init_from=DIR "
+            f"(a model directory with its tokenizer) or data.tokenizer=DIR (without data.path: a generated set with a "
+            f"ChatML tokenizer trained here)")
     require(d.mix is None or not d.mix, "data.mix does not mix conversations; give one data.path of conversation files")
 
 
@@ -239,13 +240,11 @@ def _check_data(cfg: Config, spec) -> None:
         hint = ", ".join(f"data={s}" for s in sources)
         raise ConfigError(f"data.name={d.name!r} does not fit model.family={family}, which reads {spec.reads}; "
                           f"use {hint}" + (" (files and hub with data.path)" if "files" in sources else ""))
-    if d.name in ("files", "hub", "prepared", "chat") and not d.mix:
+    if d.name in ("files", "hub", "prepared") and not d.mix:
         what = {"files": "a directory with one sub-directory of images per class" if spec.reads == "images"
                 else "a text file, a directory or a glob (txt, jsonl, parquet, csv)",
                 "hub": "a Hugging Face dataset name or a local dataset directory",
-                "prepared": "the output directory of `python -m data_pipelines.prepare`",
-                "chat": "conversation files (jsonl, json, parquet: a file, a directory or a glob) or a dataset "
-                        "directory"}[d.name]
+                "prepared": "the output directory of `python -m data_pipelines.prepare`"}[d.name]
         require(bool(d.path), f"data.name={d.name} needs data.path: {what}")
     if d.name == "chat":
         _check_chat(cfg)

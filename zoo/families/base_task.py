@@ -20,7 +20,8 @@ from zoo.config.schema import Config
 from zoo.parallel.topology import Layout, replica_group, tp_group
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
-BUILT_IN = {"pydoc": "the Python documentation inside CPython", "digits": "scikit-learn's 8x8 digits"}
+BUILT_IN = {"pydoc": "the Python documentation inside CPython", "digits": "scikit-learn's 8x8 digits",
+            "chat": "2,000 generated conversations: reverse or sort a few words"}
 DEFAULT_EVAL_BATCHES = 20  # trainer.eval_batches=None: the whole held-out split, at most this many global batches
 
 

@@ -76,9 +76,10 @@ class CausalLMTask(TextDocuments, Task):
     def _prepare_chat(self) -> None:
         """data=chat: conversations rendered with the model's tokenizer and packed with their target
         masks (zoo.families.chat_data); data.path may also be a chat directory prepared before."""
-        from zoo.families.chat_data import COUNTED, chat_blocks
+        from zoo.families.chat_data import COUNTED, built_in_tokenizer, chat_blocks
 
-        meta, tok_dir = self._import_and_tokenizer(None, "", None, self.cfg.model.vocab_pad_multiple)
+        trained = lambda _docs, _vocab, _key, cache_dir: built_in_tokenizer(cache_dir)  # noqa: E731 (no data.path)
+        meta, tok_dir = self._import_and_tokenizer(None, "", trained, self.cfg.model.vocab_pad_multiple)
         self.blocks = chat_blocks(self.cfg.data, tok_dir, self._block_size(meta))
         self.data_counts = {k: self.blocks.meta[k] for k in COUNTED if k in self.blocks.meta}
         self._finish_text(meta, tok_dir)
@@ -211,7 +212,8 @@ class CausalLMTask(TextDocuments, Task):
             ids = self.tokenizer(prompt)["input_ids"]
         return Sampling(prompt=ids, max_new_tokens=t.sample_tokens,
                         block_size=self.shape.block_size, temperature=t.sample_temperature, top_k=t.sample_top_k,
-                        seed=t.seed, document_mask=self.document_end is not None)
+                        seed=t.seed, document_mask=self.document_end is not None,
+                        stop=self.tokenizer.eos_token_id if self.chat else None)  # the answer's end
 
     def _unigram_perplexity(self) -> float:
         from data_pipelines.lm import unigram_perplexity
@@ -274,7 +276,7 @@ class CausalLMTask(TextDocuments, Task):
         if getattr(self, "chat", False):
             from zoo.families.chat_data import first_user_turn
 
-            turn = first_user_turn(self.cfg.data.path)
+            turn = first_user_turn(self.cfg.data.path or None)
             if turn:
                 return turn
         rows = self.blocks.eval if len(self.blocks.eval) else self.blocks.train

@@ -1,6 +1,7 @@
 """The causal task's conversations (data=chat): the chat directory a run reads (one prepared by
-`python -m data_pipelines.prepare --format chat`, or the cache's, rendered from data.path once),
-its held-out split, and the end-of-run sample's prompt as a user turn."""
+`python -m data_pipelines.prepare --format chat`, or the cache's, rendered from data.path once;
+without data.path, a generated set with a ChatML tokenizer trained here), its held-out split,
+and the end-of-run sample's prompt as a user turn."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,29 @@ from typing import List, Optional
 
 from data_pipelines.chat_blocks import ChatBlocks, is_chat
 
+BUILT_IN = 2000
+"""data=chat without data.path: this many generated conversations (data_pipelines.chat_synthetic)."""
 
-def _directory(d, path: str, tok_dir: str, block: int) -> Path:
+
+def built_in_conversations(cache_dir) -> str:
+    """The generated conversation set, written once into the cache."""
+    from data_pipelines.cache import cache_root, cached_dir
+    from data_pipelines.chat_synthetic import write_conversations
+
+    entry = cache_root(cache_dir) / "datasets" / f"chat-synthetic-{BUILT_IN}"
+    return str(cached_dir(entry, lambda tmp: write_conversations(tmp / "chats.jsonl", BUILT_IN)) / "chats.jsonl")
+
+
+def built_in_tokenizer(cache_dir) -> str:
+    """The ChatML tokenizer trained here (data_pipelines.chat_synthetic), written once into the cache."""
+    from data_pipelines.cache import cache_root, cached_dir
+    from data_pipelines.chat_synthetic import write_chat_tokenizer
+
+    return str(cached_dir(cache_root(cache_dir) / "tokenizers" / "chatml-2048", write_chat_tokenizer))
+
+
+def _directory(d, path: Optional[str], tok_dir: str, block: int) -> Path:
+    path = path or built_in_conversations(d.cache_dir)
     if is_chat(Path(path).expanduser()):  # prepared already (its block size is checked when opened)
         return Path(path).expanduser()
     from data_pipelines.chat_prepare import chat_cached
@@ -30,12 +52,13 @@ COUNTED = ("conversations", "truncated", "dropped_no_target_left", "padding_toke
 """What a chat directory's meta counts, reported in the start line and summary.json."""
 
 
-def first_user_turn(path: str) -> Optional[str]:
+def first_user_turn(path: Optional[str]) -> Optional[str]:
     """The first user turn of data.path's records (the default sample prompt), if it has one."""
     import json
 
     from data_pipelines.chat import open_chat, to_messages
 
+    path = path or built_in_conversations(None)
     if is_chat(Path(path).expanduser()):
         return json.loads((Path(path).expanduser() / "meta.json").read_text()).get("first_user_turn")
     for where, record in open_chat(path).records():

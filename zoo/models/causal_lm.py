@@ -91,12 +91,13 @@ def pick_tokens(logits: torch.Tensor, *, temperature: float, top_k: int,
 
 @torch.no_grad()
 def decode(run: Callable[[torch.Tensor], object], choose: Callable[[object], torch.Tensor], idx: torch.Tensor,
-           max_new_tokens: int, *, block_size: int, cache: Optional[DecodeCache]) -> torch.Tensor:
+           max_new_tokens: int, *, block_size: int, cache: Optional[DecodeCache], stop: Optional[int] = None) -> torch.Tensor:
     """The decoding loop: `run(tokens)` is the model's forward of the tokens not yet run (all of
     the context the first time, then the last token; with no `cache` the whole context each
     time), `choose(out)` the (B, 1) next tokens from its output. At most `block_size` tokens
     are fed back; once the context is longer, every position moves and each step runs the
-    last `block_size` tokens afresh (the cache cleared: they are a new prompt)."""
+    last `block_size` tokens afresh (the cache cleared: they are a new prompt). `stop`: a token
+    that ends the decoding once every row has chosen it (a chat turn's end)."""
     for _ in range(max_new_tokens):
         if cache is not None and idx.shape[1] <= block_size:
             new = idx[:, cache.length:]
@@ -107,7 +108,10 @@ def decode(run: Callable[[torch.Tensor], object], choose: Callable[[object], tor
         out = run(new)
         if cache is not None:
             cache.advance(new.shape[1])
-        idx = torch.cat([idx, choose(out).to(idx.device)], dim=1)
+        chosen = choose(out).to(idx.device)
+        idx = torch.cat([idx, chosen], dim=1)
+        if stop is not None and bool((chosen == stop).all()):
+            break
     return idx
 
 

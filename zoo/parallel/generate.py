@@ -70,6 +70,8 @@ class Sampling:
     seed: int = 0
     document_mask: bool = False
     """The model attends within documents (positions from the tokens): decoded without a cache."""
+    stop: Optional[int] = None
+    """A token that ends the sample once chosen (a chat turn's end); None: max_new_tokens always."""
 
 
 class InPlaceDecoder:
@@ -142,7 +144,7 @@ def sample_in_place(decoder: InPlaceDecoder, want: Sampling) -> List[int]:
     idx = torch.tensor([list(want.prompt)], dtype=torch.int64)
     try:
         with decoding(module, want.block_size) if decoder.cached else contextlib.nullcontext() as cache:
-            idx = decode(run, choose, idx, want.max_new_tokens, block_size=want.block_size, cache=cache)
+            idx = decode(run, choose, idx, want.max_new_tokens, block_size=want.block_size, cache=cache, stop=want.stop)
     finally:
         module.train(was_training)
     return idx[0].tolist()

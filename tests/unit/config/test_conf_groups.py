@@ -142,12 +142,13 @@ def experiment_defaults(name: str) -> dict:
 def test_experiment_is_named_after_what_it_pins_and_validates(name):
     lines = (CONF / "experiment" / f"{name}.yaml").read_text().splitlines()
     assert lines[0] == GLOBAL and lines[1].startswith("# "), f"experiment/{name}.yaml: {GLOBAL} and a comment"
-    family, size, layout_name = name.split("_", 2)
+    model, size, layout_name, *_purpose = name.split("_", 3)  # family_size_layout[_purpose]: qwen2_tiny_ddp_sft
     picks = experiment_defaults(name)
-    assert (picks.get("model"), picks.get("parallel")) == (family, layout_name), \
+    family = FAMILY_OF.get(model, model)
+    assert (picks.get("model"), picks.get("parallel")) == (model, layout_name), \
         f"experiment/{name}.yaml picks model={picks.get('model')} parallel={picks.get('parallel')}"
     cfg = composed(f"experiment={name}")
-    assert (cfg.experiment, cfg.model.family, cfg.model.size) == (name, family, size)
+    assert (cfg.experiment, cfg.model.family) == (name, family) and cfg.model.size in (size, f"{model}-{size}")
     assert cfg.trainer.max_steps <= 1000, "an experiment file pins a short schedule"
     layout, _ = check(cfg)  # its own batch sizes fit its layout
     plain = composed(f"model={family}", f"parallel={layout_name}").parallel

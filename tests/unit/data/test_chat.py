@@ -154,3 +154,14 @@ def test_a_packed_blocks_loss_is_the_sum_of_its_conversations_one_by_one(tok, tm
     model.document_end = None
     alone = sum(summed(row[s:e + 1], row_mask[s:e + 1]) for s, e in inside)
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dataset_directory_of_conversations_is_read_row_by_row(tmp_path):
+    import datasets
+
+    rows = [GOOD, {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    source = open_chat(str(tmp_path / "ds"))
+    read = [(where, to_messages(record, where)) for where, record in source.records()]
+    assert [m for _, m in read] == [r["messages"] for r in rows]
+    assert read[1][0] == f"data.path={tmp_path / 'ds'} row 2" and source.key.startswith("chat-dataset:")

@@ -82,3 +82,13 @@ def _argmax_ranks(rank: int, world: int) -> None:
 
 def test_vocab_parallel_argmax_is_the_full_vocabularys():
     run_ranks(2, _argmax_ranks)
+
+
+def test_decoding_stops_at_the_stop_token_once_chosen():
+    """A chat sample ends at the turn's end (Sampling.stop), not at max_new_tokens."""
+    from zoo.models.causal_lm import decode
+
+    picks = iter([5, 7, 2, 9, 9])
+    out = decode(lambda tokens: None, lambda _out: torch.tensor([[next(picks)]]), torch.tensor([[1, 1]]), 5,
+                 block_size=8, cache=None, stop=2)
+    assert out.tolist() == [[1, 1, 5, 7, 2]]
