@@ -2,10 +2,10 @@
 mask beside the tokens, and read back as blocks with their masks.
 
 Each block is block_size + 1 tokens that start with a conversation: conversations are placed
-whole, in order, each followed by the separator (a token none of them holds: with
+whole, each followed by the separator (but at a block's end; a token none of them holds: with
 data.document_mask it ends a document, so no conversation attends to another and positions
-restart), and a conversation that does not fit in what is left of a block starts the next one,
-the rest filled with the separator (`packing`: true). `packing: false` gives every
+restart), each into the first of the open blocks it fits (first fit), the rest of a block
+filled with the separator (`packing`: true). `packing: false` gives every
 conversation a block of its own. A conversation longer than the block is cut at its end
 (`truncate: end`) or refused (`truncate: refuse`). The directory holds tokens-00000.bin (as
 data_pipelines.prepare writes them: data=prepared reads it), mask-00000.bin (uint8, 1 where
@@ -44,9 +44,16 @@ def pick_separator(tokenizer, conversations: List[np.ndarray]) -> int:
                     f"separate them; give a tokenizer with a token the template does not use (e.g. a pad token)")
 
 
+OPEN_BLOCKS = 64
+"""Blocks packing keeps open at once: a conversation goes into the first of them it fits."""
+
+
 def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size: int, separator: int, *,
          packing: bool = True, truncate: str = "end") -> Tuple[np.ndarray, np.ndarray, Dict[str, int]]:
-    """(where, ids, mask) in order -> (tokens, mask, counts), each of n x (block_size + 1)."""
+    """(where, ids, mask) in order -> (tokens, mask, counts), each of n x (block_size + 1).
+    Packing is first fit over the last OPEN_BLOCKS blocks opened (a short conversation fills the
+    room an earlier long one left; the oldest block is closed when a new one would be the
+    65th), deterministic: the same blocks for the same conversations."""
     if truncate not in TRUNCATE:
         raise DataError(f"data.truncate={truncate!r}; use one of {', '.join(TRUNCATE)}")
     width = block_size + 1
@@ -54,19 +61,17 @@ def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size
     masks: List[np.ndarray] = []
     counts = {"conversations": 0, "truncated": 0, "dropped_no_target_left": 0, "padding_tokens": 0,
               "supervised_tokens": 0}
-    row_t, row_m = [], []
-    used = 0
+    blocks: List[dict] = []  # open, in the order opened: {"t": [...], "m": [...], "used": n}
 
-    def close() -> None:
-        nonlocal used, row_t, row_m
-        if used:
-            pad = width - used
-            row_t.append(np.full(pad, separator, dtype=np.int64))
-            row_m.append(np.zeros(pad, dtype=np.uint8))
+    def close(block: dict) -> None:
+        pad = width - block["used"]
+        if pad:
+            block["t"].append(np.full(pad, separator, dtype=np.int64))
+            block["m"].append(np.zeros(pad, dtype=np.uint8))
             counts["padding_tokens"] += pad
-            tokens.append(np.concatenate(row_t))
-            masks.append(np.concatenate(row_m))
-        row_t, row_m, used = [], [], 0
+        tokens.append(np.concatenate(block["t"]))
+        masks.append(np.concatenate(block["m"]))
+        del blocks[next(i for i, b in enumerate(blocks) if b is block)]  # by identity (== compares arrays)
 
     for where, ids, mask in conversations:
         if len(ids) > width:  # a block holds block_size + 1 tokens: block_size inputs and their targets
@@ -79,17 +84,24 @@ def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size
             if not mask[1:].any():  # no target left (a target is a token after the first)
                 counts["dropped_no_target_left"] += 1
                 continue
-        if used + len(ids) > width or (not packing and used):
-            close()
-        row_t.append(np.asarray(ids, dtype=np.int64))
-        row_m.append(np.asarray(mask, dtype=np.uint8))
-        used += len(ids)
-        if used < width:  # the separator (a block's end separates as well)
-            row_t.append(np.asarray([separator], dtype=np.int64))
-            row_m.append(np.zeros(1, dtype=np.uint8))
-            used += 1
+        block = next((b for b in blocks if b["used"] + len(ids) <= width), None) if packing else None
+        if block is None:
+            if len(blocks) >= (OPEN_BLOCKS if packing else 1):
+                close(blocks[0])
+            block = {"t": [], "m": [], "used": 0}
+            blocks.append(block)
+        block["t"].append(np.asarray(ids, dtype=np.int64))
+        block["m"].append(np.asarray(mask, dtype=np.uint8))
+        block["used"] += len(ids)
+        if block["used"] < width:  # the separator (a block's end separates as well)
+            block["t"].append(np.asarray([separator], dtype=np.int64))
+            block["m"].append(np.zeros(1, dtype=np.uint8))
+            block["used"] += 1
         counts["conversations"] += 1
-    close()
+        if block["used"] >= width:
+            close(block)
+    while blocks:
+        close(blocks[0])
     if not tokens:
         return np.zeros((0, width), np.int64), np.zeros((0, width), np.uint8), counts
     tokens, masks = np.stack(tokens), np.stack(masks)

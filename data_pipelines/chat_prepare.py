@@ -20,7 +20,7 @@ from typing import Optional
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 from data_pipelines.chat import ChatRenderer, load_template, open_chat, to_messages
-from data_pipelines.chat_blocks import pack, pick_separator, write
+from data_pipelines.chat_blocks import OPEN_BLOCKS, pack, pick_separator, write
 
 
 def prepare_chat(path: str, tokenizer_dir: str, out: Path, *, block_size: int, train_on: str = "assistant",
@@ -59,7 +59,7 @@ def chat_cached(path: str, tokenizer_dir: str, *, block_size: int, train_on: str
     template = load_template(chat_template)
     key = cache_key(source=source.key, tokenizer=tok_id, template=hashlib.sha256((template or "").encode()).hexdigest(),
                     own_template=_own_template(tokenizer_dir), train_on=train_on, block=block_size, packing=packing,
-                    truncate=truncate)
+                    truncate=truncate, packer=f"first-fit-{OPEN_BLOCKS}")
     entry = cache_root(cache_dir) / "datasets" / f"chat-{key}"
 
     def build(tmp: Path) -> None:

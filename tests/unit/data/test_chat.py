@@ -106,9 +106,13 @@ def test_packing_keeps_conversations_whole_and_refuses_or_cuts_long_ones():
     tokens, mask, counts = pack(iter(convs), 11, separator=99)
     assert tokens.shape == (3, 12) and counts["conversations"] == 4 and counts["truncated"] == 1
     assert tokens[0].tolist() == [1, 2, 3, 4, 5, 99, 1, 2, 3, 4, 5, 6]  # 5 + its separator, and 6 filling the block
-    assert tokens[1].tolist()[:5] == [1, 2, 3, 4, 99] and set(tokens[1, 5:].tolist()) == {99}
-    assert tokens[2].tolist() == list(range(1, 13))  # 14 tokens cut to a block's 12 at the end
-    assert mask[1].tolist()[:5] == [0, 1, 1, 0, 0] and counts["supervised_tokens"] == int(mask[:, 1:].sum()) == 8
+    assert tokens[1].tolist() == list(range(1, 13))  # 14 tokens cut to a block's 12 at the end (full: out first)
+    assert tokens[2].tolist()[:5] == [1, 2, 3, 4, 99] and set(tokens[2, 5:].tolist()) == {99}  # closed at the end
+    assert mask[2].tolist()[:5] == [0, 1, 1, 0, 0] and counts["supervised_tokens"] == int(mask[:, 1:].sum()) == 8
+    fit = [(f"h line {i}", np.arange(1, n + 1), np.r_[[0, 1], np.zeros(n - 2)].astype(np.uint8))
+           for i, n in enumerate([8, 9, 3])]  # the 3 goes back into the first block's room (8 + 1 + 3 = 12)
+    first_fit, _, _ = pack(iter(fit), 11, separator=99)
+    assert first_fit[0].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 99, 1, 2, 3] and first_fit.shape == (2, 12)
     cut, _, dropped = pack(iter([("g line 1", np.arange(1, 15), np.r_[np.zeros(13), [1]].astype(np.uint8))]), 11, 99)
     assert len(cut) == 0 and dropped["dropped_no_target_left"] == 1  # its only target was cut off
     one_each, _, _ = pack(iter(convs[:3]), 11, separator=99, packing=False)
