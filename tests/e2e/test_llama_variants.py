@@ -51,17 +51,38 @@ def test_imported_under_3d_and_exported_unchanged(run_zoo, tmp_path, kind):
         assert after.get(key) == before.get(key), key
 
 
-def test_a_qwen3_trained_under_3d_equals_one_process_and_transformers_gives_zoos_logits(run_zoo, tmp_path):
+STEPS = ["trainer.max_steps=5", "trainer.log_every=1", "optim.warmup_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return f"model.init_from={save_random(tmp_path_factory.mktemp('qwen3') / 'source', 'qwen3')}"
+
+
+@pytest.fixture(scope="module")
+def qwen3_one_process(run_zoo, qwen3):
+    return run_zoo(*IMPORT, "parallel=ddp", "parallel.dp=1", "trainer.micro_batch_size=4", qwen3, *STEPS)
+
+
+@pytest.mark.parametrize("layout", [["parallel=zero3", "parallel.dp=2", "trainer.micro_batch_size=2"],
+                                    ["parallel=tp", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"]],
+                         ids=["zero3", "tp2-sp"])
+def test_a_qwen3_import_trains_as_one_process(run_zoo, qwen3, qwen3_one_process, layout):
+    """ZeRO-3 builds the q/k norms piece by piece with their layer; tp2 with sequence parallelism
+    sums their gradients over the group as it does the sequence-parallel norms'."""
+    run = run_zoo(*IMPORT, qwen3, *STEPS, *layout)
+    torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(qwen3_one_process.losses()), rtol=1e-5, atol=0)
+
+
+def test_a_qwen3_trained_under_3d_equals_one_process_and_transformers_gives_zoos_logits(run_zoo, tmp_path, qwen3,
+                                                                                       qwen3_one_process):
     from transformers import Qwen3ForCausalLM
 
     from zoo.checkpoint.weights import load_plain
     from zoo.models.llama import LlamaForCausalLM, LlamaShape
 
-    init = f"model.init_from={save_random(tmp_path / 'source', 'qwen3')}"
-    steps = ["trainer.max_steps=5", "trainer.log_every=1", "optim.warmup_steps=2"]
-    ref = run_zoo(*IMPORT, "parallel=ddp", "parallel.dp=1", "trainer.micro_batch_size=4", init, *steps,
-                  run_dir=tmp_path / "ref")
-    run = run_zoo(*IMPORT, init, *steps, "checkpoint.every=5", run_dir=tmp_path / "run")
+    ref = qwen3_one_process
+    run = run_zoo(*IMPORT, qwen3, *STEPS, "checkpoint.every=5", run_dir=tmp_path / "run")
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(ref.losses()), rtol=1e-5, atol=0)
     out = export(run.run_dir, tmp_path / "hf")
     meta = json.loads((run.run_dir / "checkpoints" / "step_0000005" / "state.json").read_text())["shape"]

@@ -169,3 +169,14 @@ def test_a_dataset_directory_of_conversations_is_read_row_by_row(tmp_path):
     read = [(where, to_messages(record, where)) for where, record in source.records()]
     assert [m for _, m in read] == [r["messages"] for r in rows]
     assert read[1][0] == f"data.path={tmp_path / 'ds'} row 2" and source.key.startswith("chat-dataset:")
+
+
+def test_parquet_instruction_pairs_are_read_with_their_row_numbers(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["p1", "p2"], "completion": ["c1", ""]}), tmp_path / "pairs.parquet")
+    records = list(open_chat(str(tmp_path / "pairs.parquet")).records())
+    assert to_messages(records[0][1], records[0][0])[1] == {"role": "assistant", "content": "c1"}
+    with pytest.raises(DataError, match=r"pairs.parquet row 2: turn 1 is an empty assistant turn"):
+        to_messages(records[1][1], records[1][0])
