@@ -5,41 +5,94 @@ changes the blocks) or into a directory of your own:
 
     python -m data_pipelines.prepare --format chat --path 'chats/*.jsonl' --tokenizer MODEL_DIR \
         --block-size 2048 --out DATA_DIR [--train-on assistant] [--chat-template chatml] [--no-packing]
-    python -m zoo.train model=qwen2 model.init_from=MODEL_DIR data=prepared data.path=DATA_DIR
+    python -m zoo.train model=qwen2 model.init_from=MODEL_DIR data=chat data.path=DATA_DIR
 
-The conversations are rendered in one process and held until packed (a fine-tuning set of a
-few hundred thousand conversations: their tokens, a few hundred MB); the directory is written
-whole, under a temporary name, so an interrupted preparation leaves nothing half-written.
+The conversations are rendered by worker processes (--workers, data.num_proc: the same blocks
+for any number) and held until packed (a fine-tuning set of a few hundred thousand
+conversations: their tokens, a few hundred MB); the directory is written whole, under a
+temporary name, so an interrupted preparation leaves nothing half-written (and starts over).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 from data_pipelines.chat import ChatRenderer, load_template, open_chat, to_messages
 from data_pipelines.chat_blocks import OPEN_BLOCKS, pack, pick_separator, write
 
+CHUNK = 256  # conversations a worker renders at a time
+
+
+_RENDERER: Optional[ChatRenderer] = None  # a worker's own, built once by _start_worker
+
+
+def _start_worker(tokenizer_dir: str, template: Optional[str], train_on: str) -> None:
+    from data_pipelines.tokenizer import load_tokenizer
+
+    global _RENDERER
+    _RENDERER = ChatRenderer(load_tokenizer(tokenizer_dir), template, train_on)
+
+
+def _render(chunk: List[Tuple[str, dict]]) -> List[Tuple[str, np.ndarray, np.ndarray]]:
+    return [(where, *_RENDERER.render(to_messages(record, where), where)) for where, record in chunk]
+
+
+def _chunks(records: Iterator[Tuple[str, dict]]) -> Iterator[List[Tuple[str, dict]]]:
+    chunk = []
+    for item in records:
+        chunk.append(item)
+        if len(chunk) == CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def rendered_conversations(source, tokenizer_dir: str, template: Optional[str], train_on: str,
+                           workers: int) -> Iterator[Tuple[str, np.ndarray, np.ndarray]]:
+    """(where, ids, mask) of every record in order, rendered by `workers` processes (the same
+    output for any number: chunks of CHUNK records, their results in order; a bad record's
+    error is the first one in order)."""
+    if workers <= 1:
+        _start_worker(tokenizer_dir, template, train_on)
+        for chunk in _chunks(source.records()):
+            yield from _render(chunk)
+        return
+    import multiprocessing
+
+    from data_pipelines.prepare import pool_start_method
+
+    context = multiprocessing.get_context(pool_start_method())
+    with context.Pool(workers, initializer=_start_worker, initargs=(tokenizer_dir, template, train_on)) as pool:
+        for done in pool.imap(_render, _chunks(source.records())):
+            yield from done
+
 
 def prepare_chat(path: str, tokenizer_dir: str, out: Path, *, block_size: int, train_on: str = "assistant",
-                 chat_template: Optional[str] = None, packing: bool = True, truncate: str = "end") -> dict:
-    """`out`, a chat directory of the conversations at `path`; returns its meta.json."""
+                 chat_template: Optional[str] = None, packing: bool = True, truncate: str = "end",
+                 workers: Optional[int] = None) -> dict:
+    """`out`, a chat directory of the conversations at `path`; returns its meta.json. `workers`:
+    rendering processes (default: one per core, at most 8)."""
     from data_pipelines.tokenizer import load_tokenizer
 
     source = open_chat(path)
     tok = load_tokenizer(tokenizer_dir)
-    renderer = ChatRenderer(tok, load_template(chat_template), train_on)
-    rendered, first_user = [], None
-    for where, record in source.records():
-        messages = to_messages(record, where)
-        first_user = first_user or next((m["content"] for m in messages if m["role"] == "user"), None)
-        rendered.append((where, *renderer.render(messages, where)))
+    template = load_template(chat_template)
+    renderer = ChatRenderer(tok, template, train_on)  # refuses a template-less tokenizer before any worker starts
+    workers = workers or min(8, len(os.sched_getaffinity(0)))
+    rendered = list(rendered_conversations(source, tokenizer_dir, template, train_on, workers))
     if not rendered:
         from data_pipelines.text_sources import DataError
 
         raise DataError(f"data.path={path} holds no conversations; give files with one record a line")
+    first_user = next((m["content"] for where, record in source.records()
+                       for m in to_messages(record, where) if m["role"] == "user"), None)
     separator = pick_separator(tok, [ids for _, ids, _ in rendered])
     tokens, mask, counts = pack(iter(rendered), block_size, separator, packing=packing, truncate=truncate)
     meta = {**counts, "source": f"chat:{path}", "train_on": train_on, "packing": packing, "truncate": truncate,
@@ -50,7 +103,7 @@ def prepare_chat(path: str, tokenizer_dir: str, out: Path, *, block_size: int, t
 
 
 def chat_cached(path: str, tokenizer_dir: str, *, block_size: int, train_on: str, chat_template: Optional[str],
-                packing: bool, truncate: str, cache_dir: Optional[str] = None) -> Path:
+                packing: bool, truncate: str, cache_dir: Optional[str] = None, workers: Optional[int] = None) -> Path:
     """The cache entry of `prepare_chat` with these settings: built once (under the cache's lock:
     the first rank builds, the others wait), then reused by every run that asks the same."""
     source = open_chat(path)
@@ -66,7 +119,7 @@ def chat_cached(path: str, tokenizer_dir: str, *, block_size: int, train_on: str
         print(f"zoo: data: rendering the conversations of data.path={path} into the cache ({entry.name}) once; later "
               f"runs reuse it", file=sys.stderr, flush=True)
         prepare_chat(path, tokenizer_dir, tmp, block_size=block_size, train_on=train_on, chat_template=chat_template,
-                     packing=packing, truncate=truncate)
+                     packing=packing, truncate=truncate, workers=workers)
 
     return cached_dir(entry, build)
 

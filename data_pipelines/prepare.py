@@ -555,7 +555,8 @@ def _main_chat(a) -> None:
             raise DataError(f"--format chat needs --block-size N >= 1 (given {a.block_size}): the model.block_size the "
                             f"conversations are packed for")
         meta = prepare_chat(a.path, a.tokenizer, a.out, block_size=a.block_size, train_on=a.train_on,
-                            chat_template=a.chat_template, packing=not a.no_packing, truncate=a.truncate)
+                            chat_template=a.chat_template, packing=not a.no_packing, truncate=a.truncate,
+                            workers=a.workers)
     except DataError as err:
         print(f"data_pipelines.prepare: error: {as_flags(str(err))}", file=sys.stderr)
         sys.exit(2)

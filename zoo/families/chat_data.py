@@ -37,7 +37,7 @@ def _directory(d, path: Optional[str], tok_dir: str, block: int) -> Path:
     from data_pipelines.chat_prepare import chat_cached
 
     return chat_cached(path, tok_dir, block_size=block, train_on=d.train_on, chat_template=d.chat_template,
-                       packing=d.packing, truncate=d.truncate, cache_dir=d.cache_dir)
+                       packing=d.packing, truncate=d.truncate, cache_dir=d.cache_dir, workers=d.num_proc)
 
 
 def chat_blocks(d, tok_dir: str, block: int) -> ChatBlocks:

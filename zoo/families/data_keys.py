@@ -15,7 +15,7 @@ CAUSAL_TEXT: Dict[str, Tuple[str, ...]] = {
     "text_column": ("files", "hub"),
     "tokenizer": (*TOKENIZING, "chat"),
     "vocab_size": TOKENIZING,
-    "num_proc": TOKENIZING,
+    "num_proc": (*TOKENIZING, "chat"),
     "document_mask": (*TOKENIZING, "prepared", "chat"),
     "eod_mask_loss": (*TOKENIZING, "prepared"),
     "train_on": ("chat",),

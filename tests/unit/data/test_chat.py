@@ -180,3 +180,18 @@ def test_parquet_instruction_pairs_are_read_with_their_row_numbers(tmp_path):
     assert to_messages(records[0][1], records[0][0])[1] == {"role": "assistant", "content": "c1"}
     with pytest.raises(DataError, match=r"pairs.parquet row 2: turn 1 is an empty assistant turn"):
         to_messages(records[1][1], records[1][0])
+
+
+def test_workers_render_the_same_blocks_as_one_process(tok, tmp_path, monkeypatch):
+    from data_pipelines import chat_prepare
+    from data_pipelines.chat_synthetic import write_conversations
+
+    chats = write_conversations(tmp_path / "chats.jsonl", 300)
+    tok.save_pretrained(str(tmp_path / "tok"))
+    monkeypatch.setattr(chat_prepare, "CHUNK", 64)  # several chunks a worker
+    metas = []
+    for workers in (1, 2):
+        metas.append(chat_prepare.prepare_chat(str(chats), str(tmp_path / "tok"), tmp_path / f"w{workers}",
+                                               block_size=96, workers=workers))
+    assert metas[0]["shards"] == metas[1]["shards"] and metas[0]["conversations"] == 300
+    assert (tmp_path / "w1" / "mask-00000.bin").read_bytes() == (tmp_path / "w2" / "mask-00000.bin").read_bytes()
