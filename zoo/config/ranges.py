@@ -61,7 +61,7 @@ RANGES = {
     "model.intermediate_size": POSITIVE,
     "model.rope_theta": Range(gt=0, hint="the rotary base; Llama uses 10000 or 500000"),
     "model.head_dim": Range(gt=0, hint="each head's width; rotary embeddings need it even"),
-    "model.sliding_window": Range(gt=0, hint="the tokens a token attends to; at least model.block_size"),
+    "model.sliding_window": Range(gt=0, hint="the tokens a token attends to, itself included"),
     "model.ffn_mult": POSITIVE,
     "model.block_size": POSITIVE,
     "model.vocab_size": Range(gt=0, hint="at least the tokenizer's size, or null for the tokenizer's padded up"),

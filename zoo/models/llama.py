@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from zoo.models.causal_lm import CausalLM, HeadLogits
 from zoo.models.documents import ReadsContext, with_documents
 from zoo.models.kv_cache import ReadsDecodeCache
+from zoo.models.sliding_window import windowed_mask
 from zoo.models.stages import PipeLayer
 
 
@@ -102,8 +103,8 @@ class LlamaShape:
     """An import's own context length where model.block_size trains a shorter one (its export
     keeps it as max_position_embeddings). None: block_size."""
     sliding_window: Optional[int] = None
-    """Mistral's attention window: a token sees the `sliding_window` tokens up to itself. zoo
-    attends over the whole block, so validation refuses a window shorter than the block."""
+    """Mistral's attention window: a token sees the `sliding_window` tokens up to itself
+    (zoo.models.sliding_window), in every layer. None: the whole block."""
 
     @property
     def head_dim(self) -> int:
@@ -200,7 +201,7 @@ class LlamaAttention(ReadsContext, ReadsDecodeCache, nn.Module):
     def __init__(self, shape: LlamaShape):
         super().__init__()
         d, kv, bias = shape.head_dim, shape.n_kv_head * shape.head_dim, shape.attention_bias
-        self.head_dim, self.theta = d, shape.rope_theta
+        self.head_dim, self.theta, self.window = d, shape.rope_theta, shape.sliding_window
         self.groups = shape.n_head // shape.n_kv_head  # query heads per key/value head
         self.q_proj = nn.Linear(shape.n_embd, shape.q_width, bias=bias)
         self.k_proj = nn.Linear(shape.n_embd, kv, bias=bias)
@@ -227,6 +228,9 @@ class LlamaAttention(ReadsContext, ReadsDecodeCache, nn.Module):
             y = shard.attention(q, k, v, lambda q, k, v, mask: self._attend(q, k, v, mask, False))
         else:  # documents, or decoding (zoo.models.kv_cache), or causal
             k, v, mask, causal = self.keys_and_mask(positions, k, v, q.dtype)
+            windowed = windowed_mask(mask, causal, T, k.shape[2], self.cache_start(), self.window, q.dtype, q.device)
+            if windowed is not None:  # Mistral: keys further back than the window are not seen
+                mask, causal = windowed, False
             y = self._attend(q, k, v, mask, causal)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 

@@ -27,7 +27,7 @@ VARIANTS = {
 def _hf_model(kind: str, **extra):
     import transformers
 
-    config = getattr(transformers, hf.CONFIGS[kind])(**TINY, **VARIANTS[kind], **extra, attn_implementation="eager")
+    config = getattr(transformers, hf.CONFIGS[kind])(**TINY, **{**VARIANTS[kind], **extra}, attn_implementation="eager")
     torch.manual_seed(0)
     model = getattr(transformers, hf.CLASSES[kind])(config).eval()
     with torch.no_grad():  # transformers zero-initialises biases and ones the norms: make them count
@@ -99,3 +99,44 @@ def _tp_variant(rank, world, dims, sequence_parallel):
 ], ids=["qwen2-bias-sp", "qwen2-bias-mqa-replicated", "qwen3-qk-norm", "qk-norm-bias-tied-sp"])
 def test_variants_tp2_match_tp1(dims, sequence_parallel):
     run_ranks(2, _tp_variant, dims, sequence_parallel)
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
+def test_a_mistral_window_shorter_than_the_sequence_gives_transformers_logits(documents):
+    """sliding_window=16 over 40 tokens: each token sees its 16 latest (transformers' eager
+    Mistral); with document masking the window applies inside each document as well."""
+    theirs = _hf_model("mistral", sliding_window=16)
+    shape = LlamaShape(**hf.meta_from_config(theirs.config.to_dict()))
+    assert shape.sliding_window == 16
+    ours = LlamaForCausalLM(shape).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=False)
+    idx = torch.randint(1, 512, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        if not documents:
+            torch.testing.assert_close(ours(idx), theirs(idx).logits, rtol=1e-5, atol=1e-5)
+            return
+        idx[:, 30] = 0  # a document ends at 30: the next starts at 31, its own positions and window
+        ours.document_end = 0
+        got = ours(idx)
+        torch.testing.assert_close(got[:, :31], theirs(idx[:, :31]).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[:, 31:], theirs(idx[:, 31:]).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_decoding_past_the_window_gives_the_full_forwards_logits():
+    from zoo.models.kv_cache import decoding
+
+    theirs = _hf_model("mistral", sliding_window=8)
+    ours = LlamaForCausalLM(LlamaShape(**hf.meta_from_config(theirs.config.to_dict()))).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=False)
+    idx = torch.randint(1, 512, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ours(idx)
+        torch.testing.assert_close(full, theirs(idx).logits, rtol=1e-5, atol=1e-5)
+        with decoding(ours, 32) as cache:
+            step = [ours(idx[:, :12])[:, -1]]
+            cache.advance(12)
+            for t in range(12, 20):
+                step.append(ours(idx[:, t:t + 1])[:, -1])
+                cache.advance(1)
+    torch.testing.assert_close(torch.stack(step[1:], 1), full[:, 12:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(step[0], full[:, 11], rtol=1e-5, atol=1e-5)

@@ -27,5 +27,5 @@ class LlamaModelKeys:
     """Llama: an RMSNorm over each query and key head before the rotary embeddings (Qwen3).
     None: the preset's."""
     sliding_window: Optional[int] = None
-    """Llama: Mistral's attention window (tokens a token sees, itself included). zoo attends over
-    the whole block, so a window shorter than model.block_size is refused. None: the preset's."""
+    """Llama: Mistral's attention window (the tokens a token sees, itself included), in every
+    layer (not under parallel.cp; Qwen's per-layer windows are refused). None: the preset's."""
