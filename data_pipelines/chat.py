@@ -22,7 +22,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from data_pipelines.text_sources import DataError, _fingerprint, _jsonl_rows, _table_rows, expand_paths
+from data_pipelines.text_sources import DataError, _fingerprint, _jsonl_rows, _table_rows, expand_paths, train_split
 
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("assistant", "last_turn", "all")
@@ -46,7 +46,7 @@ class ChatSource:
     def records(self) -> Iterator[Tuple[str, dict]]:
         """(where, record) in order: `FILE line N` (jsonl), `FILE row N` (tables, datasets)."""
         if self.dataset_dir is not None:
-            for n, row in enumerate(_dataset(self.dataset_dir), 1):
+            for n, row in enumerate(train_split(self.dataset_dir), 1):
                 yield f"data.path={self.path} row {n}", row
             return
         for f in self.files:
@@ -65,23 +65,6 @@ def _numbered_jsonl(f: Path) -> Iterator[Tuple[int, dict]]:
     yield from zip(lines, _jsonl_rows(f))
 
 
-def _dataset(path: str):
-    import datasets
-
-    local = Path(path).expanduser()
-    try:
-        ds = (datasets.load_from_disk(str(local)) if (local / "state.json").exists() or (local / "dataset_dict.json").exists()
-              else datasets.load_dataset(str(local)))
-    except Exception as err:
-        raise DataError(f"data.path={path}: cannot load it with datasets ({type(err).__name__}: {err}); give "
-                        f"conversation files ({', '.join(SUFFIXES)}) or a dataset directory") from None
-    if isinstance(ds, datasets.DatasetDict):
-        if "train" not in ds:
-            raise DataError(f"data.path={path} has no train split (splits: {list(ds)})")
-        ds = ds["train"]
-    return ds
-
-
 def open_chat(path: Optional[str]) -> ChatSource:
     """The conversations at `path`: DataError where there are none to read."""
     if not path:
@@ -90,7 +73,7 @@ def open_chat(path: Optional[str]) -> ChatSource:
     local = Path(path).expanduser()
     saved = (local / "state.json").exists() or (local / "dataset_dict.json").exists()  # datasets' save_to_disk
     if local.is_dir() and (saved or not any(f.suffix.lower() in SUFFIXES for f in local.rglob("*"))):
-        ds = _dataset(path)
+        ds = train_split(path)
         return ChatSource(path, f"chat-dataset:{path}:{ds._fingerprint}", dataset_dir=path)
     files = [f for f in expand_paths(path) if f.suffix.lower() in SUFFIXES]
     if not files:

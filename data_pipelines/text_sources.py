@@ -135,7 +135,7 @@ def _file_texts(files: Sequence[Path], column: str, counts: Dict[str, int]) -> I
             yield row[column]
 
 
-def _hub_dataset(path: str, column: str):
+def train_split(path: str):
     """The `train` split of a save_to_disk directory, a local directory load_dataset reads, or a
     Hub name: an Arrow table on disk (memory-mapped), read row by row."""
     import datasets
@@ -153,6 +153,12 @@ def _hub_dataset(path: str, column: str):
         if "train" not in ds:
             raise DataError(f"data.path={path} has no train split (splits: {list(ds)})")
         ds = ds["train"]
+    return ds
+
+
+def _hub_dataset(path: str, column: str):
+    """train_split's `column`."""
+    ds = train_split(path)
     _column(ds, column, f"data.path={path}")
     return ds.select_columns([column])
 
