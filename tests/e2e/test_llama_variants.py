@@ -86,11 +86,13 @@ def qwen3_one_process(run_zoo, qwen3):
 
 
 @pytest.mark.parametrize("layout", [["parallel=zero3", "parallel.dp=2", "trainer.micro_batch_size=2"],
-                                    ["parallel=tp", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"]],
-                         ids=["zero3", "tp2-sp"])
+                                    ["parallel=tp", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"],
+                                    ["parallel=cp", "trainer.micro_batch_size=4"]],
+                         ids=["zero3", "tp2-sp", "cp2"])
 def test_a_qwen3_import_trains_as_one_process(run_zoo, qwen3, qwen3_one_process, layout):
     """ZeRO-3 builds the q/k norms piece by piece with their layer; tp2 with sequence parallelism
-    sums their gradients over the group as it does the sequence-parallel norms'."""
+    sums their gradients over the group as it does the sequence-parallel norms'; cp2 splits the
+    sequence with the norms and wider heads in place."""
     run = run_zoo(*IMPORT, qwen3, *STEPS, *layout)
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(qwen3_one_process.losses()), rtol=1e-5, atol=0)
 
