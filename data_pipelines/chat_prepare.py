@@ -66,7 +66,7 @@ def rendered_conversations(source, tokenizer_dir: str, template: Optional[str], 
         return
     import multiprocessing
 
-    from data_pipelines.prepare import pool_start_method
+    from data_pipelines.workers import pool_start_method
 
     context = multiprocessing.get_context(pool_start_method())
     with context.Pool(workers, initializer=_start_worker, initargs=(tokenizer_dir, template, train_on)) as pool:

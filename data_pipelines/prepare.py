@@ -40,6 +40,7 @@ import numpy as np
 from data_pipelines.lm import BlockSplit
 from data_pipelines.text_sources import DataError, TextSource, no_text, open_source
 from data_pipelines.tokenizer import save_tokenizer
+from data_pipelines.workers import pool_start_method
 
 
 class Progress:
@@ -186,15 +187,6 @@ def _batches(source: Iterator[Item], size: int, chars: int) -> Iterator[List[Ite
             batch, held, docs = [], 0, 0
     if batch:
         yield batch
-
-
-def pool_start_method() -> str:
-    """How worker processes start: forked from this process, unless it runs a torch.distributed
-    process group (a training rank preparing its cache): forking a process while its process
-    group's and OpenMP's threads hold locks left a worker waiting on one forever here, so there
-    they start as fresh interpreters (spawn)."""
-    dist = sys.modules.get("torch.distributed")
-    return "spawn" if dist is not None and dist.is_available() and dist.is_initialized() else "fork"
 
 
 def _tokenized(batches: Iterator[List[Item]], workers: int, init_args: tuple) -> Iterator[Tuple[List[Item], np.ndarray]]:

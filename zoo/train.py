@@ -129,20 +129,21 @@ def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     return OmegaConf.create(merged)
 
 
-def _auto_layout(cfg: Config, env, run_dir: str, overrides, measured: bool = True) -> Config:
+def _auto_layout(cfg: Config, env, run_dir: str, overrides, measured: bool = True, memory=None) -> Config:
     """parallel=auto: the planned layout for the ranks there are (zoo.plan.auto), said in at
     most three lines; on a resume, what changed from the layout that wrote the run.
-    `measured=False`: the planner's own pick, plan.measure left out and nothing said."""
+    `measured=False`: the planner's own pick, plan.measure left out and nothing said.
+    `memory`: (device bytes, host bytes) to plan for; None: this machine's."""
     import torch
 
     from zoo.plan.auto import given_keys, plan_layout, replanned_line, world_of
     from zoo.plan.dry_run import planned_vocab
-    from zoo.plan.fit import device_memory_bytes
+    from zoo.plan.one_plan import planning_memory
     from zoo.run import launch
 
     world, per_node = world_of(cfg.parallel, env.world_size, launch.ranks_per_node(), torch.cuda.device_count(),
                                len(os.sched_getaffinity(0)))
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    device, host = memory or planning_memory(per_node)
     measure = None
     if not measured:
         cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, measure=None))
@@ -152,7 +153,7 @@ def _auto_layout(cfg: Config, env, run_dir: str, overrides, measured: bool = Tru
         if cfg.plan.measure is not None:
             print(f"zoo: parallel=auto: running the planner's top {cfg.plan.measure} layouts here for "
                   f"{cfg.plan.measure_steps} steps each (plan.measure)", flush=True)
-    planned, lines = plan_layout(cfg, world=world, per_node=per_node, device_bytes=device_memory_bytes(per_node),
+    planned, lines = plan_layout(cfg, world=world, per_node=per_node, device_bytes=device,
                                  host_bytes=host, cuda=torch.cuda.is_available(), given=given_keys(overrides),
                                  vocab_size=planned_vocab(cfg.data), measure=measure,
                                  devices_here=torch.cuda.device_count())
@@ -220,6 +221,7 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
             check_ranges(cfg)  # parallel.world_size among them, before it is planned for
             if cfg.plan.measure is not None:  # the rest of the config checked before the layouts run
                 _checked(_auto_layout(cfg, env, run_dir, overrides, measured=False), env)
+            unplanned = cfg
             cfg = _auto_layout(cfg, env, run_dir, overrides)
         elif cfg.parallel.world_size is not None:
             raise ConfigError(f"parallel.world_size={cfg.parallel.world_size} is read with parallel=auto (the ranks it "
@@ -252,7 +254,16 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     if env.kind != "local":
         from zoo.worker import main as worker_main
 
-        worker_main(cfg, run_dir)
+        one_plan = None
+        if cfg.parallel.auto:  # rank 0's plan for the smallest memory any rank has (zoo.plan.one_plan)
+            from zoo.plan.auto import world_of
+            from zoo.plan.one_plan import planning_memory
+
+            per_node = world_of(cfg.parallel, env.world_size, launch.ranks_per_node(), 0, 1)[1]
+            one_plan = (planning_memory(per_node),
+                        lambda device, host: _auto_layout(unplanned, env, run_dir, overrides, measured=False,
+                                                          memory=(device, host)))
+        worker_main(cfg, run_dir, one_plan=one_plan)
         return
     os.makedirs(run_dir, exist_ok=True)
     from zoo.run.lock import HELD_ENV, RunDirLock

@@ -7,6 +7,7 @@ started by torchrun, the deepspeed launcher or srun (through `zoo.train`).
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import socket
@@ -114,10 +115,11 @@ def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.dev
         print(describe(best, trials, budget, cfg.trainer.global_batch_size, layout.dp), flush=True)
 
 
-def main(cfg: Config, run_dir: str, threads: Optional[int] = None) -> None:
+def main(cfg: Config, run_dir: str, threads: Optional[int] = None, one_plan=None) -> None:
     """Run one rank of a training job with the config `zoo.train` composed and validated (handed
     over as it is: in this process under torchrun, srun and the deepspeed launcher, pickled to
-    the workers of zoo's own launcher)."""
+    the workers of zoo's own launcher). `one_plan`: (this rank's planning memory, replan) under
+    an external launcher with parallel=auto: the job runs rank 0's plan (zoo.plan.one_plan)."""
     from zoo.observe.startup import StartupClock
     from zoo.run import signals
 
@@ -138,7 +140,12 @@ def main(cfg: Config, run_dir: str, threads: Optional[int] = None) -> None:
     init_distributed(cfg.parallel, cfg.precision.dtype, cfg.deepspeed)
     clock.mark("process_group")
     try:
-        _run(cfg, run_dir, device, clock)
+        plan_record = None
+        if one_plan is not None:
+            from zoo.plan.one_plan import agree
+
+            cfg, plan_record = agree(cfg, *one_plan)
+        _run(cfg, run_dir, device, clock, plan_record)
     except ZooError as err:  # a user mistake found on the ranks: one line, exit 2 (verbose=true: the traceback)
         if cfg.verbose:
             raise
@@ -191,7 +198,7 @@ def report_failure(err: BaseException, lost: bool) -> None:
     print(f"zoo: rank {rank} on {host} failed (exit code 1): {type(err).__name__}: {last}", file=sys.stderr, flush=True)
 
 
-def _run(cfg: Config, run_dir: str, device: torch.device, clock) -> None:
+def _run(cfg: Config, run_dir: str, device: torch.device, clock, plan_record=None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     from zoo.config.validate import resolve_layout
 
@@ -201,7 +208,7 @@ def _run(cfg: Config, run_dir: str, device: torch.device, clock) -> None:
     lock = _lock_run_dir(run_path, rank)
     training = []
     try:
-        _train(cfg, run_path, layout, device, training, clock)
+        _train(cfg, run_path, layout, device, training, clock, plan_record)
     except ZooError:
         if rank == 0 and not training:
             remove_new_entries(run_path, found)
@@ -225,13 +232,18 @@ def remove_new_entries(run_path: Path, found: set) -> None:
             path.unlink(missing_ok=True)
 
 
-def write_run_records(run_path: Path, recorded: dict, layout: Layout, topology: str, hosts, devices) -> None:
+def write_run_records(run_path: Path, recorded: dict, layout: Layout, topology: str, hosts, devices,
+                      plan_record: Optional[dict] = None) -> None:
     """config.yaml (the config a resume continues), topology.txt and topology.png, written by
     rank 0 once this start has trained its first step: a start that failed before (a wrong
     layout, an out-of-memory first step) leaves the run's own config for the next resume. A
-    config.yaml this start changes is kept beside it as config.previous.yaml."""
+    config.yaml this start changes is kept beside it as config.previous.yaml. `plan_record`:
+    parallel=auto's plan under an external launcher, appended to plans.jsonl (one line an attempt)."""
     from zoo.config.schema import to_yaml
 
+    if plan_record is not None:
+        with open(run_path / "plans.jsonl", "a") as f:
+            f.write(json.dumps(plan_record) + "\n")
     config, text = run_path / "config.yaml", to_yaml(recorded)
     if config.is_file() and config.read_text() != text:
         os.replace(config, run_path / "config.previous.yaml")
@@ -262,7 +274,8 @@ def _lock_run_dir(run_path: Path, rank: int):
     return lock
 
 
-def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, training: list, clock) -> None:
+def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, training: list, clock,
+           plan_record=None) -> None:
     """Start and run the training; `training` gets an entry once the start is over; `clock`
     (zoo.observe.startup) the start's phases."""
     rank = dist.get_rank()
@@ -305,7 +318,7 @@ def _train(cfg: Config, run_path: Path, layout: Layout, device: torch.device, tr
     clock.mark("model")  # (already marked where a resume read a checkpoint)
     if rank == 0:  # written once the first step went through: a failed start leaves the run's own config
         trainer.on_first_step = lambda: write_run_records(run_path, task.recorded_config(), layout, topology, hosts,
-                                                          devices)
+                                                          devices, plan_record)
     training.append(True)
     try:
         trainer.fit()

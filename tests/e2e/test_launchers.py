@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -98,3 +99,22 @@ def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_trace
         assert took < timeout_s + 60, took
     time.sleep(1)
     assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
+
+
+def test_under_torchrun_parallel_auto_runs_one_plan_when_the_ranks_report_different_memory(run_zoo, tmp_path):
+    """#54 item 2: rank 1 reports a 0.9 GB host (ZOO_TEST_RANK_HOST_GB), where the tiny GPT plans
+    tp=2; rank 0 has this machine's and plans dp=2 on its own. Each rank's own plan would start
+    two different layouts; rank 0 plans again for the smallest memory, every rank runs that
+    plan, and plans.jsonl records it with the attempt number."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run_dir = tmp_path / "run"
+    run = run_zoo(cmd=[str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
+                       f"hydra.run.dir={run_dir}", "parallel=auto", "trainer.max_steps=2", "logger=none", *FAST],
+                  run_dir=run_dir, env={"ZOO_TEST_RANK_HOST_GB": "1:0.9"})
+    assert "parallel=auto: tp=1 pp=1 dp=2" in run.stdout  # rank 0's own plan, before the ranks agree
+    assert "the ranks report different memory; one plan for all 2, made on rank 0 for the smallest" in run.stdout
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert (s["tp"], s["dp"]) == (2, 1)
+    records = [json.loads(line) for line in (run_dir / "plans.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["attempt"] == 0 and not records[0]["ranks_alike"]
+    assert (records[0]["tp"], records[0]["dp"], records[0]["host_of"]) == (2, 1, f"rank 1 on {socket.gethostname()}")
