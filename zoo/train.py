@@ -112,6 +112,15 @@ def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     """A resume in a run directory that has its config.yaml continues that config, with the
     command line's overrides on top (zoo.config.continuation); other starts are as composed."""
     saved = Path(run_dir) / "config.yaml"
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    if restart and not dcfg.get("resume"):  # torchrun --max-restarts started this attempt: it continues the run
+        dcfg = dcfg.copy()
+        dcfg.resume = "auto"
+        overrides = [*overrides, "resume=auto"]  # over the run's own config, as if typed
+        if _rank0():
+            print(f"zoo: restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')} (torchrun "
+                  f"--max-restarts) on {os.environ.get('WORLD_SIZE')} rank(s): resume=auto, from the newest "
+                  f"checkpoint", flush=True)
     if not dcfg.get("resume") or not saved.is_file():
         return dcfg
     import yaml

@@ -64,6 +64,19 @@ class _LoopClock:
         self.compile_seen = self.compile_start
 
 
+def _redone(metrics, step: int) -> str:
+    """What a resume trains again: the steps the run had logged past the checkpoint (lost with the
+    failure that stopped it), said after the resume line; "" where none."""
+    import json
+
+    try:
+        lines = metrics.read_text().splitlines()
+        last = max((json.loads(line).get("step", 0) for line in lines[-50:] if line.strip()), default=0)
+    except (OSError, ValueError):
+        return ""
+    return f"; steps {step + 1}-{last}, logged before it stopped, are trained again" if last > step else ""
+
+
 class Trainer:
     def __init__(self, cfg: Config, layout: Layout, grid, task: Task, run_dir: Path, device: torch.device,
                  startup=None):
@@ -175,7 +188,8 @@ class Trainer:
         if self.rank == 0:
             was = state.get("layout", {})
             print(f"zoo: resumed from {path} at step {self.step} (written under {Layout(**was).name if was else '?'}; "
-                  f"read from its {how} files in {took:.2f} s)", flush=True)
+                  f"read from its {how} files in {took:.2f} s)" + _redone(self.run_dir / "metrics.jsonl", self.step),
+                  flush=True)
         return path
 
     def save_checkpoint(self, name: str | None = None, background: bool = False) -> Path:

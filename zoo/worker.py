@@ -63,7 +63,23 @@ def init_distributed(parallel, dtype: str, raw_deepspeed) -> None:
 
     c10d.default_pg_timeout = timeout
     c10d.default_pg_nccl_timeout = timeout
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun: the process group on a store of this attempt's own
+        dist.init_process_group(backend, store=attempt_store(timeout), rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)  # (then wraps it)
+
+
+def attempt_store(timeout: timedelta):
+    """torchrun's store (its agent's, at MASTER_ADDR:MASTER_PORT) under a prefix of this run and
+    attempt (TORCHELASTIC_RESTART_COUNT). Through torch's own env:// rendezvous, a restarted
+    attempt whose ranks came up at different times read a peer's address from the attempt
+    before and failed its gloo mesh ("Connection refused"; pytorch#167288 for NCCL): a rank
+    killed under `torchrun --max-restarts` could never restart."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and os.environ["RANK"] == "0",
+                          timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"zoo/{os.environ['TORCHELASTIC_RUN_ID']}/attempt_{attempt}", store)
 
 
 def leave_process_group() -> None:
