@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -223,6 +224,7 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
         problem = nothing_to_train(cfg.resume, run_dir, cfg.trainer.max_steps)
         if problem:
             _fail(problem, None)
+    unplanned_here = False
     try:
         if cfg.parallel.auto:
             from zoo.config.ranges import check_ranges
@@ -231,7 +233,12 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
             if cfg.plan.measure is not None:  # the rest of the config checked before the layouts run
                 _checked(_auto_layout(cfg, env, run_dir, overrides, measured=False), env)
             unplanned = cfg
-            cfg = _auto_layout(cfg, env, run_dir, overrides)
+            try:
+                cfg = _auto_layout(cfg, env, run_dir, overrides)
+            except ConfigError:  # under a launcher: nothing fits this rank's memory, and so none the job's
+                if env.kind == "local":
+                    raise
+                unplanned_here = True  # rank 0 plans for the smallest memory and says it once (zoo.plan.one_plan)
         elif cfg.parallel.world_size is not None:
             raise ConfigError(f"parallel.world_size={cfg.parallel.world_size} is read with parallel=auto (the ranks it "
                               f"plans for); without it set the layout: parallel.dp=N replicas of tp x pp")
@@ -240,11 +247,15 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
                               f"of the planner's top {cfg.plan.measure} layouts, run here first); to compare layouts "
                               f"without training: python -m zoo.plan model=... cluster=cpu plan.measure="
                               f"{cfg.plan.measure}")
-        layout, warnings = _checked(cfg, env)
+        if not unplanned_here:
+            layout, warnings = _checked(cfg, env)
     except ZooError as err:
         if cfg.verbose:
             raise
         _fail(str(err), run_dir)
+    if unplanned_here:
+        _one_plan_worker(cfg, env, run_dir, overrides, None)
+        return
     rank0 = _rank0()
     over = _over_memory(cfg, layout, env)  # every rank alike: each refuses, rank 0 says it
     if over and not (cfg.plan.allow_over or cfg.trainer.dry_run):
@@ -261,18 +272,12 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     mark_validated(job_start)  # the ranks' start-up clock: from this command's start, validation ended now
 
     if env.kind != "local":
+        if cfg.parallel.auto:  # rank 0's plan for the smallest memory any rank has (zoo.plan.one_plan)
+            _one_plan_worker(unplanned, env, run_dir, overrides, cfg)
+            return
         from zoo.worker import main as worker_main
 
-        one_plan = None
-        if cfg.parallel.auto:  # rank 0's plan for the smallest memory any rank has (zoo.plan.one_plan)
-            from zoo.plan.auto import world_of
-            from zoo.plan.one_plan import planning_memory
-
-            per_node = world_of(cfg.parallel, env.world_size, launch.ranks_per_node(), 0, 1)[1]
-            one_plan = (planning_memory(per_node),
-                        lambda device, host: _auto_layout(unplanned, env, run_dir, overrides, measured=False,
-                                                          memory=(device, host)))
-        worker_main(cfg, run_dir, one_plan=one_plan)
+        worker_main(cfg, run_dir)
         return
     os.makedirs(run_dir, exist_ok=True)
     from zoo.run.lock import HELD_ENV, RunDirLock
@@ -293,6 +298,20 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     finally:
         os.environ.pop(HELD_ENV, None)
         lock.release()
+
+
+def _one_plan_worker(unplanned: Config, env, run_dir: str, overrides, planned: Optional[Config]) -> None:
+    """This rank under an external launcher with parallel=auto: it runs the plan rank 0 makes for
+    the smallest memory any rank reports (`planned`: this rank's own, None where nothing fit it)."""
+    from zoo.plan.auto import world_of
+    from zoo.plan.one_plan import planning_memory
+    from zoo.run import launch
+    from zoo.worker import main as worker_main
+
+    per_node = world_of(unplanned.parallel, env.world_size, launch.ranks_per_node(), 0, 1)[1]
+    replan = lambda device, host: _auto_layout(unplanned, env, run_dir, overrides, measured=False,  # noqa: E731
+                                               memory=(device, host))
+    worker_main(planned or unplanned, run_dir, one_plan=(planned is not None, planning_memory(per_node), replan))
 
 
 def _over_memory(cfg: Config, layout, env) -> str | None:

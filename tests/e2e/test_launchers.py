@@ -168,3 +168,15 @@ def test_under_torchrun_max_restarts_a_killed_rank_restarts_the_job_from_its_che
     assert sorted(got) == list(range(1, 17))
     for step in range(11, 17):
         assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), (step, got[step], want[step])
+
+
+def test_under_torchrun_no_layout_fitting_the_smallest_rank_stops_every_rank_in_one_line(run_zoo, tmp_path):
+    """Rank 1 reports a 0.2 GB host, where nothing fits: rank 0 (which fits on its own) says so
+    once and every rank stops (none waits in a collective for a plan that never comes)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run = run_zoo(cmd=[str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
+                       f"hydra.run.dir={tmp_path / 'run'}", "parallel=auto", "logger=none", *FAST],
+                  run_dir=tmp_path / "run", env={"ZOO_TEST_RANK_HOST_GB": "1:0.2"}, check=False, timeout=180)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("zoo: error:")]
+    assert run.returncode != 0 and len(errors) == 1, run.stderr[-3000:]
+    assert "parallel=auto: no layout of 2 rank(s) fits" in errors[0], errors

@@ -15,6 +15,7 @@ from typing import Callable, Tuple
 import torch.distributed as dist
 
 from zoo.config.schema import Config
+from zoo.run.errors import ConfigError, ZooError
 
 GB = 2**30
 
@@ -39,34 +40,42 @@ def _layout(cfg: Config) -> dict:
             "micro_batch_size": cfg.trainer.micro_batch_size, "activation_checkpointing": cfg.model.activation_checkpointing}
 
 
-def agree(mine: Config, memory: Tuple[float, float], replan: Callable[[float, float], Config]) -> Tuple[Config, dict]:
+def agree(mine: Config, planned_here: bool, memory: Tuple[float, float],
+          replan: Callable[[float, float], Config]) -> Tuple[Config, dict]:
     """(the plan every rank runs: rank 0's, for the smallest memory reported; its record for the
-    run's plans.jsonl). Collective."""
+    run's plans.jsonl). `planned_here`: `mine` is this rank's own plan (false: nothing fitted
+    its memory, and rank 0's plan for the smallest fails with the line). Collective."""
     rank, world = dist.get_rank(), dist.get_world_size()
     reports = [None] * world
     dist.all_gather_object(reports, {"rank": rank, "host": socket.gethostname(), "device_bytes": memory[0],
                                      "host_bytes": memory[1]})
-    box = [None, None]
+    box = [None, None, None]
     if rank == 0:
         device = min(reports, key=lambda r: r["device_bytes"])
         host = min(reports, key=lambda r: r["host_bytes"])
-        alike = (device["device_bytes"], host["host_bytes"]) == tuple(memory)
-        planned = mine if alike else replan(device["device_bytes"], host["host_bytes"])
-        record = {"attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "planned_by_rank": 0,
-                  "world_size": world, "device_gb": round(device["device_bytes"] / GB, 3),
-                  "device_of": f"rank {device['rank']} on {device['host']}", "host_gb": round(host["host_bytes"] / GB, 3),
-                  "host_of": f"rank {host['rank']} on {host['host']}", "ranks_alike": alike, **_layout(planned)}
-        box = [planned, record]
+        alike = (device["device_bytes"], host["host_bytes"]) == tuple(memory) and planned_here
+        try:
+            planned = mine if alike else replan(device["device_bytes"], host["host_bytes"])
+        except ZooError as err:  # no layout fits the smallest: every rank stops with the line
+            box = [None, None, str(err)]
+        else:
+            record = {"attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "planned_by_rank": 0,
+                      "world_size": world, "device_gb": round(device["device_bytes"] / GB, 3),
+                      "device_of": f"rank {device['rank']} on {device['host']}",
+                      "host_gb": round(host["host_bytes"] / GB, 3), "host_of": f"rank {host['rank']} on {host['host']}",
+                      "ranks_alike": alike, **_layout(planned)}
+            box = [planned, record, None]
     dist.broadcast_object_list(box, src=0)
-    planned, record = box
-    if rank == 0:
-        if not record["ranks_alike"]:
-            print(f"zoo: parallel=auto: the ranks report different memory; one plan for all {world}, made on rank 0 "
-                  f"for the smallest (a device of {record['device_gb']:.2f} GB: {record['device_of']}; a host of "
-                  f"{record['host_gb']:.2f} GB: {record['host_of']}): tp={record['tp']} cp={record['cp']} "
-                  f"pp={record['pp']} dp={record['dp']} zero_stage={record['zero_stage']}, micro-batch "
-                  f"{record['micro_batch_size']}", flush=True)
-    if _layout(planned) != _layout(mine):  # this rank's own plan was another: the one taken is checked here too
+    planned, record, failed = box
+    if failed:
+        raise ConfigError(failed)
+    if rank == 0 and not record["ranks_alike"]:
+        print(f"zoo: parallel=auto: the ranks report different memory; one plan for all {world}, made on rank 0 "
+              f"for the smallest (a device of {record['device_gb']:.2f} GB: {record['device_of']}; a host of "
+              f"{record['host_gb']:.2f} GB: {record['host_of']}): tp={record['tp']} cp={record['cp']} "
+              f"pp={record['pp']} dp={record['dp']} zero_stage={record['zero_stage']}, micro-batch "
+              f"{record['micro_batch_size']}", flush=True)
+    if not record["ranks_alike"]:  # a plan no rank checked before: every rank checks it (alike: the same result)
         import torch
 
         from zoo.config.validate import resolve_layout, validate
