@@ -64,8 +64,9 @@ def init_distributed(parallel, dtype: str, raw_deepspeed) -> None:
     c10d.default_pg_timeout = timeout
     c10d.default_pg_nccl_timeout = timeout
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun: the process group on a store of this attempt's own
+        bound = {"device_id": torch.device("cuda", torch.cuda.current_device())} if backend == "nccl" else {}
         dist.init_process_group(backend, store=attempt_store(timeout), rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout, **bound)  # as DeepSpeed binds it
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)  # (then wraps it)
 
 
