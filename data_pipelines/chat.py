@@ -22,7 +22,14 @@ from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from data_pipelines.text_sources import DataError, _fingerprint, _jsonl_rows, _table_rows, expand_paths, train_split
+from data_pipelines.text_sources import (
+    DataError,
+    _fingerprint,
+    _table_rows,
+    expand_paths,
+    numbered_jsonl_rows,
+    train_split,
+)
 
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("assistant", "last_turn", "all")
@@ -51,18 +58,11 @@ class ChatSource:
             return
         for f in self.files:
             if f.suffix.lower() == ".jsonl":
-                for n, row in _numbered_jsonl(f):
+                for n, row in numbered_jsonl_rows(f):
                     yield f"{f} line {n}", row
             else:
                 for n, row in enumerate(_table_rows(f, "json" if f.suffix.lower() == ".json" else "parquet"), 1):
                     yield f"{f} row {n}", row
-
-
-def _numbered_jsonl(f: Path) -> Iterator[Tuple[int, dict]]:
-    """A .jsonl file's rows with their line numbers (blank lines counted, as an editor shows them)."""
-    with open(f, encoding="utf-8", errors="replace") as fh:
-        lines = [n for n, line in enumerate(fh, 1) if line.strip()]
-    yield from zip(lines, _jsonl_rows(f))
 
 
 def open_chat(path: Optional[str]) -> ChatSource:

@@ -111,7 +111,8 @@ def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size
 
 def write(out: Path, tokens: np.ndarray, mask: np.ndarray, *, vocab: int, separator: int, block_size: int,
           tokenizer_dir: str, meta: dict) -> dict:
-    """The prepared directory `out` (written under a temporary name, then renamed)."""
+    """The prepared directory `out`, its meta.json written last (under a temporary name, then
+    renamed): a directory without it is no chat directory (`is_chat`)."""
     import xxhash
 
     from data_pipelines.tokenizer import save_tokenizer

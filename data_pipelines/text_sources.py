@@ -86,8 +86,9 @@ def _text_file(f: Path, counts: Dict[str, int]) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
-def _jsonl_rows(f: Path) -> Iterator[dict]:
-    """A .jsonl file's rows, line by line (no table of a whole block of the file in memory)."""
+def numbered_jsonl_rows(f: Path) -> Iterator[Tuple[int, dict]]:
+    """A .jsonl file's rows with their line numbers (blank lines counted, as an editor shows
+    them), line by line (no table of a whole block of the file in memory)."""
     with open(f, encoding="utf-8", errors="replace") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -99,7 +100,12 @@ def _jsonl_rows(f: Path) -> Iterator[dict]:
             line = None  # not held beside its row while the row is used (a document of megabytes)
             if not isinstance(row, dict):
                 raise DataError(f"{f} line {n} is a JSON {type(row).__name__}, not an object with a text column")
-            yield row
+            yield n, row
+
+
+def _jsonl_rows(f: Path) -> Iterator[dict]:
+    """numbered_jsonl_rows without the numbers."""
+    return (row for _, row in numbered_jsonl_rows(f))
 
 
 def _table_rows(f: Path, kind: str) -> Iterator[dict]:
