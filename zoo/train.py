@@ -186,7 +186,14 @@ def _checked(cfg: Config, env) -> tuple:
 
     from zoo.config.validate import resolve_layout, validate
     from zoo.run import launch
+    from zoo.run.errors import ConfigError
 
+    if cfg.run.max_restarts and env.kind != "local":
+        raise ConfigError(f"run.max_restarts={cfg.run.max_restarts} is read by zoo's own launcher (python -m zoo.train), "
+                          f"not under {env.kind}: " + ("drop it and give torchrun --max-restarts="
+                                                       f"{cfg.run.max_restarts}" if env.kind == "torchrun" else
+                                                       "drop it: there a failure ends the job, and a requeue or a new start with "
+                                                       "resume=auto resumes it"))
     layout, warnings = resolve_layout(cfg, env.world_size)
     warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
     placed = launch.tp_placement_warning(layout.tp, launch.ranks_per_node()) if env.world_size else None
@@ -352,7 +359,7 @@ def _launch_local(cfg: Config, layout, run_dir: str) -> None:
     """Run the layout's ranks on this host: in this process for one rank, else as workers."""
     from zoo.run import launch
 
-    if layout.world_size == 1:
+    if layout.world_size == 1 and not cfg.run.max_restarts:  # (a restartable rank is a worker process)
         from zoo.worker import main as worker_main
 
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
@@ -365,28 +372,43 @@ def _launch_local(cfg: Config, layout, run_dir: str) -> None:
     from zoo.run.errors import ZooError
     from zoo.run.oom import oom_kills
 
-    kills_before = oom_kills()
-    try:
-        launch.launch_local(layout.world_size, cfg, run_dir, cfg.parallel.timeout_s, cfg.verbose,
-                            dynamo=cfg.model.compile or layout.zero_stage == 3)
-    except ZooError as err:  # before any rank started
-        _fail(str(err), run_dir)
-    except SignalException as err:  # the agent passed SIGTERM/SIGINT on to the ranks, which checkpointed
-        sys.exit(128 + int(err.sigval))
-    except ChildFailedError as err:
-        rank, first = _cause(err)
-        if first.exitcode in REPORTED_EXITS:
-            sys.exit(first.exitcode)  # that rank said why (the others were stopped)
-        kills = oom_kills()
-        if first.exitcode == -9 and kills is not None and kills_before is not None and kills > kills_before:
-            from zoo.run.oom import oom_line
+    for attempt in range(cfg.run.max_restarts + 1):
+        kills_before = oom_kills()
+        try:
+            launch.launch_local(layout.world_size, cfg, run_dir, cfg.parallel.timeout_s, cfg.verbose,
+                                dynamo=cfg.model.compile or layout.zero_stage == 3, attempt=attempt)
+            return
+        except ZooError as err:  # before any rank started
+            _fail(str(err), run_dir)
+        except SignalException as err:  # the agent passed SIGTERM/SIGINT on to the ranks, which checkpointed
+            sys.exit(128 + int(err.sigval))
+        except ChildFailedError as err:
+            rank, first = _cause(err)
+            if first.exitcode in REPORTED_EXITS:
+                sys.exit(first.exitcode)  # that rank said why (the others were stopped)
+            kills = oom_kills()
+            if first.exitcode == -9 and kills is not None and kills_before is not None and kills > kills_before:
+                from zoo.run.oom import oom_line
 
-            print(f"zoo: error: {oom_line(rank, Path(run_dir), _planned_bytes(cfg, layout))}", file=sys.stderr,
-                  flush=True)
+                print(f"zoo: error: {oom_line(rank, Path(run_dir), _planned_bytes(cfg, layout))}"
+                      + ("; not restarted (run.max_restarts): the same layout would run out again"
+                         if attempt < cfg.run.max_restarts else ""), file=sys.stderr, flush=True)
+                sys.exit(1)
+            failed = f"rank {rank} failed first (exit code {first.exitcode}): {_last_error_line(first.message)}"
+            if attempt < cfg.run.max_restarts:
+                print(f"zoo: {failed}; restart {attempt + 1} of {cfg.run.max_restarts} (run.max_restarts): the ranks "
+                      f"start again and resume the newest checkpoint", file=sys.stderr, flush=True)
+                cfg = dataclasses.replace(cfg, resume="auto")
+                continue
+            if cfg.run.max_restarts:
+                newest = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir())
+                print(f"zoo: error: {failed}; that was attempt {attempt + 1} of {attempt + 1}: run.max_restarts="
+                      f"{cfg.run.max_restarts} spent, the job ends" + (
+                          f" (resume=auto in hydra.run.dir={run_dir} goes on from {newest[-1]})" if newest else
+                          " (no checkpoint was written)"), file=sys.stderr, flush=True)
+            else:
+                print(f"zoo: {failed}", file=sys.stderr, flush=True)
             sys.exit(1)
-        print(f"zoo: rank {rank} failed first (exit code {first.exitcode}): {_last_error_line(first.message)}",
-              file=sys.stderr, flush=True)
-        sys.exit(1)
 
 
 def _planned_bytes(cfg: Config, layout) -> float | None:

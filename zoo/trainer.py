@@ -37,7 +37,7 @@ from zoo.observe.tracking import open_tracker
 from zoo.parallel.context import context_rank
 from zoo.parallel.token_weights import token_weights, weighted
 from zoo.parallel.topology import Layout, tp_group
-from zoo.run import allocator, signals
+from zoo.run import allocator, attempts, signals
 from zoo.run.checkpoint_interval import interval_policy
 from zoo.run.quiet import held_stdout
 
@@ -114,7 +114,7 @@ class Trainer:
         self.scorer = task_scorer(cfg, task)  # trainer.eval_tasks, encoded once (zoo.evaluate.in_loop)
         if self.startup is not None and found is not None:  # the read is its own phase (a fresh start's
             self.startup.mark("model")  # "model" is marked by the worker, once this is built)
-        self.resumed_interval = None
+        self.resumed_interval = self.resumed_saved_at = None
         self.resumed_from = self._resume(found) if found is not None else None
         if self.startup is not None and found is not None:
             self.startup.mark("resume")
@@ -147,6 +147,14 @@ class Trainer:
         self.last_write_s = 0.0  # the last background write's seconds (auto's interval is at least that)
         if self.ckpt_interval.start_line():
             self.log.write(self.ckpt_interval.start_line())
+        self.attempt = attempts.current()
+        if self.rank == 0 and (self.attempt.number or self.attempt.max_restarts):  # a job that may restart
+            record = attempts.begin(run_dir, self.attempt, world_size=layout.world_size, layout=layout.name,
+                                    resumed_step=self.step if self.resumed_from is not None else None,
+                                    saved_at=self.resumed_saved_at)
+            if self.attempt.number:
+                self.log.write(attempts.restart_line(record, self.attempt.launcher))
+                self.log.event({"step": self.step, **{k: record[k] for k in attempts.METRICS}})
 
     # -- checkpoints ------------------------------------------------------------------------
     def _find_checkpoint(self) -> Optional[Path]:
@@ -177,6 +185,7 @@ class Trainer:
         took = time.perf_counter() - t0
         self.step, self.consumed = state["step"], state["consumed"]
         self.resumed_interval = state.get("checkpoint_interval")  # what checkpoint.every=auto chose
+        self.resumed_saved_at = state.get("saved_at")  # wall time of the save (what a restart lost is since)
         self.task.stream = restore_order(self.task.stream, state.get("data_order"))
         self.meta["data_order"] = getattr(self.task.stream, "order", None)  # what its next checkpoint records
         saved = {"metric": "eval_loss", **(state.get("eval") or {})}  # checkpoints before eval_metric: the loss
@@ -203,7 +212,8 @@ class Trainer:
         self.finish_pending()
         saved = checkpoint.save(self.engine, self.grid, self.ckpt_root, step=self.step, consumed=self.consumed,
                                 meta={**self.meta, "eval": dict(self.eval_state),
-                                      "checkpoint_interval": self.ckpt_interval.record()}, keep=self.cfg.checkpoint.keep,
+                                      "checkpoint_interval": self.ckpt_interval.record(), "saved_at": time.time()},
+                                keep=self.cfg.checkpoint.keep,
                                 native=native_checkpoint.enabled(self.cfg.checkpoint, self.layout), name=name,
                                 background=background, staging=self.staging)
         if not background:
@@ -652,7 +662,8 @@ class Trainer:
             **({"skipped_steps": engine_state.skipped_steps(self.engine),
                 "loss_scale": engine_state.loss_scale(self.engine)} if self.cfg.precision.dtype == "fp16" else {}),
             **({"compile_s": compile_seconds() - clock.compile_start} if self.cfg.model.compile else {}),
-            **({"startup": self.startup.phases()} if self.startup is not None else {})}
+            **({"startup": self.startup.phases()} if self.startup is not None else {}),
+            **(attempts.totals(self.run_dir) if self.rank == 0 else {})}  # a job that may restart: its attempts
 
     def _agree(self, flags):
         """The maximum of each flag over all ranks (one small all-reduce per step)."""

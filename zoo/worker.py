@@ -132,14 +132,24 @@ def _find_micro_batch(cfg: Config, layout: Layout, grid, task, device: torch.dev
         print(describe(best, trials, budget, cfg.trainer.global_batch_size, layout.dp), flush=True)
 
 
-def main(cfg: Config, run_dir: str, threads: Optional[int] = None, one_plan=None) -> None:
+def main(cfg: Config, run_dir: str, threads: Optional[int] = None, one_plan=None, attempt: Optional[tuple] = None) -> None:
     """Run one rank of a training job with the config `zoo.train` composed and validated (handed
     over as it is: in this process under torchrun, srun and the deepspeed launcher, pickled to
     the workers of zoo's own launcher). `one_plan`: (this rank's planning memory, replan) under
-    an external launcher with parallel=auto: the job runs rank 0's plan (zoo.plan.one_plan)."""
+    an external launcher with parallel=auto: the job runs rank 0's plan (zoo.plan.one_plan).
+    `attempt`: (number, wall time it was launched) from the local launcher (run.max_restarts; a
+    forkserver's ranks inherit its environment of the first attempt, so it comes as an argument):
+    a restarted attempt's start-up is timed from its own launch."""
     from zoo.observe.startup import StartupClock
     from zoo.run import signals
 
+    if attempt is not None:
+        from zoo.observe.startup import START_ENV, VALIDATED_ENV
+        from zoo.run.attempts import ATTEMPT_ENV, MAX_RESTARTS_ENV
+
+        os.environ.update({ATTEMPT_ENV: str(attempt[0]), MAX_RESTARTS_ENV: str(cfg.run.max_restarts)})
+        if attempt[0]:
+            os.environ[START_ENV] = os.environ[VALIDATED_ENV] = repr(attempt[1])
     clock = StartupClock()
     clock.mark("ranks")
     signals.install()
@@ -155,6 +165,9 @@ def main(cfg: Config, run_dir: str, threads: Optional[int] = None, one_plan=None
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = _device(local_rank)
     init_distributed(cfg.parallel, cfg.precision.dtype, cfg.deepspeed)
+    from zoo.run import roll_call
+
+    roll_call.register(roll_call.default_store(), dist.get_rank())  # its host, should the survivors need to name it
     clock.mark("process_group")
     try:
         plan_record = None
@@ -172,11 +185,13 @@ def main(cfg: Config, run_dir: str, threads: Optional[int] = None, one_plan=None
         raise SystemExit(USER_ERROR_EXIT_CODE) from None
     except Exception as err:
         lost = _peer_lost(err) or _timed_out(err)
-        if lost:  # let the launcher see the rank that died first: it is the one to report
-            time.sleep(PEER_LOST_GRACE_S)
         if os.environ.get("ZOO_LOCAL_WORKER") or cfg.verbose:
+            if lost:  # let the launcher see the rank that died first: it is the one to report
+                time.sleep(PEER_LOST_GRACE_S)
             raise  # zoo's local launcher names the first failing rank itself
-        report_failure(err, lost)
+        verdict = roll_call.roll_call(roll_call.default_store(), dist.get_rank(), dist.get_world_size(),
+                                      PEER_LOST_GRACE_S) if lost else None
+        report_failure(err, lost, verdict)
         raise SystemExit(1) from None
     finally:  # on every way out: an error, a refusal, a signal
         leave_process_group()
@@ -197,17 +212,31 @@ def _timed_out(err: BaseException) -> bool:
     return "Timed out" in text or "timed out" in text or type(err).__name__ == "DistBackendError" and "timeout" in text
 
 
-def report_failure(err: BaseException, lost: bool) -> None:
-    """Under torchrun, srun or the deepspeed launcher (each rank prints for itself): a rank
-    that saw a peer vanish or hang says so in one line; a rank that failed on its own prints
-    its traceback, then one line naming it, its host, the exit code and the error."""
+def report_failure(err: BaseException, lost: bool, verdict=None) -> None:
+    """Under torchrun, srun or the deepspeed launcher (each rank prints for itself): where a
+    peer vanished or hangs, one survivor names it (zoo.run.roll_call; the others stay silent),
+    or, where the roll call could not be held, each survivor says it lost a peer; a rank that
+    failed on its own prints its traceback, then one line naming it, its host, the exit code
+    and the error."""
     import socket
     import traceback
+
+    from zoo.run.roll_call import named
 
     rank, host = os.environ.get("RANK", "?"), socket.gethostname()
     last = (str(err).strip().splitlines() or [""])[-1][:300]
     if lost:
-        why = "a peer rank went away" if _peer_lost(err) else "a peer rank did not answer within parallel.timeout_s"
+        if verdict is not None and not verdict.namer:
+            return  # another survivor names who went away
+        gone = _peer_lost(err)
+        if verdict is not None and verdict.missing:
+            who = named(verdict.missing)
+            why = (f"{who} went away (no answer to the survivors' roll call: killed, or its host lost)" if gone else
+                   f"{who} did not answer within parallel.timeout_s (hung or stopped)")
+            print(f"zoo: rank {rank} on {host}: {why}; the {verdict.answered} surviving rank(s) stop (exit code 1)",
+                  file=sys.stderr, flush=True)
+            return
+        why = "a peer rank went away" if gone else "a peer rank did not answer within parallel.timeout_s"
         print(f"zoo: rank {rank} on {host}: {why} ({type(err).__name__}: {last}); stopping (exit code 1): the rank "
               f"that failed first reports why", file=sys.stderr, flush=True)
         return

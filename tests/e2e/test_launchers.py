@@ -55,10 +55,12 @@ def test_deepspeed_launcher(run_zoo, tmp_path, flags):
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_traceback(tmp_path, zoo_cache, how):
-    """torchrun names the rank that died (its root-cause report); the rank that lost its peer
-    says so in one line and exits 1, without a traceback. A rank stopped with SIGSTOP (hung):
-    its peer's collective times out after parallel.timeout_s, the peer says so in one line,
-    and torchrun ends the stopped one: the job ends within parallel.timeout_s + 60 s."""
+    """torchrun names the rank that died (its root-cause report); of the two ranks that lost
+    their peer, one names it and its host in one line (zoo.run.roll_call: the survivors answer,
+    the one that did not is named), the other stays silent; both exit 1, without a traceback.
+    A rank stopped with SIGSTOP (hung): its peers' collective times out after
+    parallel.timeout_s, one says which rank did not answer, and torchrun ends the stopped one:
+    the job ends within parallel.timeout_s + 60 s."""
     import os
     import signal
     import subprocess
@@ -74,14 +76,14 @@ def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_trace
            "WANDB_MODE": "disabled"}
     torchrun = Path(sys.executable).with_name("torchrun")
     timeout_s = 15
-    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "zoo.train",
+    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "3", "-m", "zoo.train",
                              f"hydra.run.dir={run_dir}", "parallel=zero1", "trainer.max_steps=100000",
-                             f"parallel.timeout_s={timeout_s}", *FAILURE_FAST], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             f"parallel.timeout_s={timeout_s}", *FAILURE_FAST, "trainer.global_batch_size=6"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_training(run_dir, proc)
     ranks = sorted((c for c in psutil.Process(proc.pid).children() if "zoo.train" in " ".join(c.cmdline())),
                    key=lambda c: int(c.environ().get("RANK", -1)))
-    assert len(ranks) == 2
+    assert len(ranks) == 3
     descendants = psutil.Process(proc.pid).children(recursive=True)
     t0 = time.monotonic()
     ranks[1].send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
@@ -89,13 +91,15 @@ def test_under_torchrun_a_killed_rank_leaves_one_line_from_its_peer_and_no_trace
     took = time.monotonic() - t0
     assert proc.returncode != 0
     assert "/zoo/" not in err, err[-3000:]  # no traceback of a rank (torchrun's agent prints its own)
-    peer = [line for line in err.splitlines() if line.startswith("zoo: rank 0 on ")]
-    assert len(peer) == 1 and "exit code 1" in peer[0], err[-3000:]
+    peer = [line for line in err.splitlines() if line.startswith("zoo: rank ")]
+    assert len(peer) == 1 and "the 2 surviving rank(s) stop (exit code 1)" in peer[0], err[-3000:]
     root = err.split("Root Cause (first observed failure):", 1)[1]  # torchrun's report of the first failure
+    host = socket.gethostname()
     if how == "kill":
-        assert "a peer rank went away" in peer[0] and "rank      : 1" in root and "SIGKILL" in root, err[-3000:]
-    else:  # the peer failed first: its timeout; torchrun then ended the stopped rank
-        assert "did not answer within parallel.timeout_s" in peer[0] and "rank      : 0" in root, err[-3000:]
+        assert f"rank 1 on {host} went away" in peer[0] and "rank      : 1" in root and "SIGKILL" in root, err[-3000:]
+    else:  # a peer failed first: its timeout; torchrun then ended the stopped rank
+        assert f"rank 1 on {host} did not answer within parallel.timeout_s" in peer[0], err[-3000:]
+        assert "rank      : 1" not in root, err[-3000:]
         assert took < timeout_s + 60, took
     time.sleep(1)
     assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "orphans left"
@@ -164,6 +168,12 @@ def test_under_torchrun_max_restarts_a_killed_rank_restarts_the_job_from_its_che
     assert "zoo: restart 1 of 1 (torchrun --max-restarts) on 2 rank(s): resume=auto" in out, out[-3000:]
     resumed = [line for line in out.splitlines() if line.startswith("zoo: resumed from")]
     assert len(resumed) == 1 and "step_0000010 at step 10" in resumed[0] and "are trained again" in resumed[0], out
+    lost = int(resumed[0].split("; steps 11-", 1)[1].split(",")[0]) - 10  # 2, or more where the kill landed late
+    said = [line for line in out.splitlines() if line.startswith("zoo: attempt 2 ")]
+    assert len(said) == 1 and f"(restart 1 of 1, torchrun --max-restarts; 0 left): {lost} step(s) and" in said[0], out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["attempts"], summary["restarts"], summary["restarts_left"], summary["lost_steps"]) == (2, 1, 0, lost)
+    assert 0 < summary["lost_s"] < 240
     want, got = _last_losses(ref_dir), _last_losses(run_dir)
     assert sorted(got) == list(range(1, 17))
     for step in range(11, 17):

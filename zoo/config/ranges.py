@@ -116,6 +116,7 @@ RANGES = {
     "trainer.sample_top_k": Range(ge=0, hint="0: the whole vocabulary"),
     "trainer.max_nonfinite_steps": POSITIVE,
     "checkpoint.every": Range(ge=0, hint="0: only on request (signals); auto: from run.mtbf_hours"),
+    "run.max_restarts": Range(ge=0, hint="restarts of the ranks inside the job; 0: a failure ends the job"),
     "run.mtbf_hours": Range(gt=0, hint="the job's mean time between failures, in hours"),
     "checkpoint.keep": POSITIVE,
 }

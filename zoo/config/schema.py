@@ -340,6 +340,11 @@ class RunConfig:
     mtbf_hours: Optional[float] = None
     """The job's mean time between failures, in hours (a node's MTBF over the job's nodes):
     checkpoint.every=auto sets the interval from it."""
+    max_restarts: int = 0
+    """zoo's own launcher: when a rank fails (killed, or an error), start the ranks again this many
+    times in the same job, each attempt resuming the newest intact checkpoint (resume=auto) and
+    saying what the restart lost; a config error, a diverged loss, a signal or an out-of-memory kill
+    is not restarted. Under torchrun its --max-restarts does the same (zoo/run/attempts.py)."""
     cpu_allocator: str = "auto"
     """The malloc of CPU ranks that zoo's launcher (and slurm/srun_ranks.sh) starts: auto
     (tcmalloc, else jemalloc, else glibc's own), tcmalloc, jemalloc or glibc. glibc keeps much of

@@ -97,6 +97,15 @@ class RunLog:
         self.write(console_line(plain))
         self.tracker.log({k: v for k, v in plain.items() if k != "diagnosis"}, step=plain["step"])
 
+    def event(self, record: Dict[str, Any]) -> None:
+        """Append a record that is no logged step (a restart's) to metrics.jsonl and the tracker's
+        summary (a tracker's step history only grows: a restart goes back to its checkpoint's step)."""
+        if not self.active:
+            return
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self.tracker.summary({k: _clean(v) for k, v in record.items() if k != "step"})
+
     def advance(self, n: int, loss: Optional[float] = None) -> None:
         if self._bar is not None:
             self._bar.update(n)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Optional
@@ -96,7 +97,7 @@ def threads_per_rank(nproc: int) -> int:
 
 
 def launch_local(nproc: int, cfg, run_dir: str, timeout_s: int, verbose: bool = False,
-                 dynamo: bool = False) -> None:
+                 dynamo: bool = False, attempt: int = 0) -> None:
     """Start `nproc` workers of `zoo.worker.main` with torch's elastic launcher on this host
 (started as `worker_start_method` says).
 
@@ -114,8 +115,8 @@ def launch_local(nproc: int, cfg, run_dir: str, timeout_s: int, verbose: bool = 
     # Its modules' loggers carry their own level (torch sets LOGLEVEL's, WARNING, on each), so
     # each is set: "Received 2 death signal" and "Terminating process ... via signal SIGTERM"
     # after a Ctrl-C are not a user's business either (verbose=true shows them).
-    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+    for name in ["torch.distributed.elastic", "torch.multiprocessing.spawn", *logging.root.manager.loggerDict]:
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")):
             logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
     threads = threads_per_rank(nproc)
     os.environ["ZOO_LOCAL_WORKER"] = "1"
@@ -135,7 +136,7 @@ def launch_local(nproc: int, cfg, run_dir: str, timeout_s: int, verbose: bool = 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"zoo-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           monitor_interval=0.1, start_method=start_method, rdzv_configs={"timeout": timeout_s})
-    elastic_launch(config, worker_main)(cfg, run_dir, threads)
+    elastic_launch(config, worker_main)(cfg, run_dir, threads, None, (attempt, time.time()))
 
 
 def _preload_allocator(choice: str) -> None:

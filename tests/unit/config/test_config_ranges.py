@@ -113,6 +113,7 @@ OUTSIDE = {
     "trainer.sample_top_k": ("-1", "must be >= 0"),
     "trainer.max_nonfinite_steps": ("0", "must be positive"),
     "checkpoint.every": ("-5", "must be >= 0"),
+    "run.max_restarts": ("-1", "must be >= 0 (restarts of the ranks inside the job; 0: a failure ends the job)"),
     "run.mtbf_hours": ("0", "must be positive (the job's mean time between failures, in hours)"),
     "checkpoint.keep": ("0", "must be positive"),
     "plan.measure": ("0", "must be positive (the planner's top layouts parallel=auto runs here before training, or "

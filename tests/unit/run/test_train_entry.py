@@ -26,3 +26,20 @@ def test_the_deepspeed_launchers_local_rank_argument_is_taken_out(monkeypatch):
     assert _take_local_rank(["--local_rank=1", "parallel=zero2"]) == ["parallel=zero2"]
     assert os.environ["LOCAL_RANK"] == "1"
     assert _take_local_rank(["a=1", "--local_rank", "3", "b=2"]) == ["a=1", "b=2"]
+
+
+def test_run_max_restarts_is_refused_under_another_launcher_naming_its_own_flag():
+    import pytest
+
+    from tests.unit.config.test_config import composed
+    from zoo.run.errors import ConfigError
+    from zoo.run.launch import LaunchEnv
+    from zoo.train import _checked
+
+    cfg = composed("run.max_restarts=2")
+    with pytest.raises(ConfigError, match=r"^run.max_restarts=2 is read by zoo's own launcher .*not under torchrun: "
+                                          r"drop it and give torchrun --max-restarts=2$"):
+        _checked(cfg, LaunchEnv("torchrun", 2))
+    with pytest.raises(ConfigError, match="not under slurm: drop it: there a failure ends the job"):
+        _checked(cfg, LaunchEnv("slurm", 2))
+    _checked(cfg, LaunchEnv("local", None))  # zoo's own launcher reads it
