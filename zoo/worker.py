@@ -80,7 +80,9 @@ def attempt_store(timeout: timedelta):
                           os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and os.environ["RANK"] == "0",
                           timeout=timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"zoo/{os.environ['TORCHELASTIC_RUN_ID']}/attempt_{attempt}", store)
+    # with the world size: a node joining makes the agent restart the ranks without counting a restart
+    return dist.PrefixStore(f"zoo/{os.environ['TORCHELASTIC_RUN_ID']}/attempt_{attempt}/world_{os.environ['WORLD_SIZE']}",
+                            store)
 
 
 def leave_process_group() -> None:

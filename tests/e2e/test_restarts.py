@@ -48,3 +48,27 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_a_spent_budget_ends_the_
     records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [(r["attempt"], r["resumed_step"]) for r in records] == [(0, None), (1, 10)]
     assert not (run_dir / "summary.json").exists()  # the job did not finish
+
+
+def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_one_before_to_resume(tmp_path, zoo_cache):
+    """Rank 1 is killed in step 10's save, after writing its shard (ZOO_TEST_DIE_IN_SAVE): that
+    checkpoint never completes, `latest` still names step 5's, and the restart resumes step 5
+    (not the half-written one), writes step 10's again over the leftover and finishes."""
+    import os
+
+    run_dir = tmp_path / "run"
+    os.environ["ZOO_TEST_DIE_IN_SAVE"] = "10:1"
+    try:
+        proc = start(run_dir, zoo_cache, "parallel=zero1", "trainer.max_steps=12", "checkpoint.every=5",
+                     "run.max_restarts=1", "logger=none")
+    finally:
+        del os.environ["ZOO_TEST_DIE_IN_SAVE"]
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert "zoo: rank 1 failed first (exit code -9)" in err and "restart 1 of 1 (run.max_restarts)" in err, err[-3000:]
+    resumed = [line for line in out.splitlines() if line.startswith("zoo: resumed from")]
+    assert len(resumed) == 1 and "step_0000005 at step 5" in resumed[0], out[-3000:]
+    assert "lost since step 5's checkpoint was saved" in out
+    steps = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert steps == ["latest", "step_0000010", "step_0000012"], steps  # no .step_0000010.tmp left
+    assert json.loads((run_dir / "summary.json").read_text())["attempts"] == 2

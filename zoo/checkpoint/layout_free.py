@@ -146,6 +146,7 @@ def finish(pending: PendingSave) -> Path:
     from safetensors.torch import save_file
 
     rank = dist.get_rank()
+    _die_here_for_a_test(pending, rank)
     errors = [None] * dist.get_world_size()  # each rank's write error, or None (a few bytes each)
     dist.all_gather_object(errors, None if pending.error is None else f"{type(pending.error).__name__}: "
                                                                        f"{pending.error}")
@@ -178,6 +179,23 @@ def finish(pending: PendingSave) -> Path:
             _prune(root, pending.keep)
     dist.barrier()
     return pending.final
+
+
+DIE_IN_SAVE_ENV = "ZOO_TEST_DIE_IN_SAVE"  # STEP:RANK: that rank is killed in that step's save (first attempt)
+
+
+def _die_here_for_a_test(pending: PendingSave, rank: int) -> None:
+    """Tests of a rank lost while a checkpoint is written: its shard is on disk, the checkpoint
+    not yet complete (no state.json, no checksums, not moved into place)."""
+    wanted = os.environ.get(DIE_IN_SAVE_ENV)
+    if not wanted or pending.final.name != f"step_{int(wanted.split(':')[0]):07d}" or rank != int(wanted.split(':')[1]):
+        return
+    from zoo.run.attempts import current
+
+    if current().number == 0:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _device_of(engine) -> torch.device:
