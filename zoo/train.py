@@ -259,7 +259,7 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     except ZooError as err:
         if cfg.verbose:
             raise
-        _fail(str(err), run_dir)
+        _fail(str(err) + restarted_on(cfg, env), run_dir)
     if unplanned_here:
         _one_plan_worker(cfg, env, run_dir, overrides, None)
         return
@@ -305,6 +305,19 @@ def run(dcfg: DictConfig, run_dir: str, overrides=()) -> None:
     finally:
         os.environ.pop(HELD_ENV, None)
         lock.release()
+
+
+def restarted_on(cfg: Config, env) -> str:
+    """What a config error on a restarted attempt adds: the job came back on other ranks than
+    the given layout was written for ("" on a first attempt, or where parallel=auto re-plans)."""
+    from zoo.run.attempts import current
+
+    attempt = current()
+    if not attempt.number or cfg.parallel.auto:
+        return ""
+    return (f" (restart {attempt.number} of {attempt.max_restarts}, {attempt.launcher}: the job came back on "
+            f"{env.world_size} rank(s), and this layout no longer fits them; parallel=auto re-plans a restarted job "
+            f"for the ranks it has)")
 
 
 def _one_plan_worker(unplanned: Config, env, run_dir: str, overrides, planned: Optional[Config]) -> None:

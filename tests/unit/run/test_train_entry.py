@@ -43,3 +43,19 @@ def test_run_max_restarts_is_refused_under_another_launcher_naming_its_own_flag(
     with pytest.raises(ConfigError, match="not under slurm: drop it: there a failure ends the job"):
         _checked(cfg, LaunchEnv("slurm", 2))
     _checked(cfg, LaunchEnv("local", None))  # zoo's own launcher reads it
+
+
+def test_a_config_error_of_a_restarted_job_says_it_came_back_on_other_ranks(monkeypatch):
+    from tests.unit.config.test_config import composed
+    from zoo.run.launch import LaunchEnv
+    from zoo.train import restarted_on
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert restarted_on(composed("parallel=3d"), LaunchEnv("torchrun", 3)) == ""  # the first attempt: as always
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert restarted_on(composed("parallel=3d"), LaunchEnv("torchrun", 3)) == (
+        " (restart 1 of 2, torchrun --max-restarts: the job came back on 3 rank(s), and this layout no longer fits "
+        "them; parallel=auto re-plans a restarted job for the ranks it has)")
+    assert restarted_on(composed("parallel=auto"), LaunchEnv("torchrun", 3)) == ""
