@@ -136,6 +136,10 @@ ReturnToService=2
 # Finished jobs stay visible to 'scontrol show job' this long (there is no sacct).
 MinJobAge=600
 KillWait=10
+# A node whose slurmd stops answering is marked not responding, then DOWN, after this many
+# seconds (default 300): a job that keeps its allocation (sbatch --no-kill) restarts on the
+# nodes left (tests/slurm/test_multinode.py).
+SlurmdTimeout=10
 InactiveLimit=0
 NodeName=$HOST CPUs=$CPUS State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP

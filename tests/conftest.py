@@ -54,6 +54,10 @@ SLOW = {
     "the two-node ddp run and the local 3d run stay",
     "tests/slurm/test_multinode.py::test_a_stopped_rank_on_the_second_node_ends_the_job_and_leaves_no_process":
     "waits out a collective timeout and srun's --wait; the two-node ddp run stays",
+    "tests/slurm/test_multinode.py::test_a_killed_rank_restarts_the_ranks_in_the_same_job_with_run_max_restarts":
+    "the local and torchrun restart tests stay",
+    "tests/slurm/test_multinode.py::test_a_lost_node_restarts_the_job_on_the_node_left_in_the_same_allocation":
+    "the torchrun lost-node test stays",
     "tests/slurm/test_multinode.py::test_a_killed_rank_on_the_second_node_ends_the_job": "the local and torchrun "
     "kill tests and the two-node ddp run stay",
     # CI time (the default tier took 27 min of pytest on 2026-12-02): each below has a sibling that stays.

@@ -169,7 +169,9 @@ def main(cfg: Config, run_dir: str, threads: Optional[int] = None, one_plan=None
     init_distributed(cfg.parallel, cfg.precision.dtype, cfg.deepspeed)
     from zoo.run import roll_call
 
-    roll_call.register(roll_call.default_store(), dist.get_rank())  # its host, should the survivors need to name it
+    listener = None  # should a peer be lost: this rank answers the survivors' roll call
+    if not os.environ.get("ZOO_LOCAL_WORKER"):  # (zoo's launcher names a failed rank itself)
+        listener = roll_call.listen(dist.get_rank())
     clock.mark("process_group")
     try:
         plan_record = None
@@ -191,11 +193,16 @@ def main(cfg: Config, run_dir: str, threads: Optional[int] = None, one_plan=None
             if lost:  # let the launcher see the rank that died first: it is the one to report
                 time.sleep(PEER_LOST_GRACE_S)
             raise  # zoo's local launcher names the first failing rank itself
-        verdict = roll_call.roll_call(roll_call.default_store(), dist.get_rank(), dist.get_world_size(),
-                                      PEER_LOST_GRACE_S) if lost else None
+        verdict = None
+        if lost:  # under srun and the deepspeed launcher rank 0's process serves the store: it stays for the verdict
+            keeps_store = dist.get_rank() == 0 and not os.environ.get("TORCHELASTIC_RUN_ID")
+            verdict = roll_call.roll_call(roll_call.client(), dist.get_rank(), dist.get_world_size(),
+                                          PEER_LOST_GRACE_S, keeps_store=keeps_store)
         report_failure(err, lost, verdict)
         raise SystemExit(1) from None
     finally:  # on every way out: an error, a refusal, a signal
+        if listener is not None:
+            listener.stop()
         leave_process_group()
 
 

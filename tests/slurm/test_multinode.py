@@ -144,3 +144,66 @@ def test_a_planned_job_requeued_onto_one_node_plans_again_and_continues(nodes, r
     want = dict((m["step"], m["loss"]) for m in reference.metrics if "loss" in m)
     torch.testing.assert_close(torch.tensor([loss for _, loss in losses]), torch.tensor([want[s] for s in range(1, 13)]),
                                rtol=1e-5, atol=0)
+
+
+def _same_steps_trained_again(run_dir) -> None:
+    """The steps trained again after an in-job restart have the losses the attempt before
+    logged for them (an uninterrupted run's), within 1e-5; every step was logged."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    at = next(i for i, m in enumerate(lines) if "attempt" in m)
+    before = {m["step"]: m["loss"] for m in lines[:at] if "loss" in m}
+    again = {m["step"]: m["loss"] for m in lines[at + 1:] if "loss" in m}
+    assert set(before) | set(again) == set(range(1, 21)) and 11 in again, (sorted(before), sorted(again))
+    for step in sorted(set(before) & set(again)):
+        assert abs(again[step] - before[step]) <= 1e-5 * abs(before[step]), (step, again[step], before[step])
+
+
+RESTARTING = [*TINY_GPT, "trainer.max_steps=20", "checkpoint.every=5", "run.max_restarts=1"]
+
+
+def test_a_killed_rank_restarts_the_ranks_in_the_same_job_with_run_max_restarts(nodes, tmp_path):
+    """#54 under srun: slurm/srun_ranks.sh reads run.max_restarts; rank 2 (node 2) SIGKILLed after
+    step 12: one survivor names it, srun is run again on both nodes (they still answer), the
+    ranks resume step 10's checkpoint, and the job completes without a requeue."""
+    from tests.slurm.test_slurm import _job_processes
+
+    job = submit(nodes, tmp_path, RESTARTING, per_node=2)
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 12, "step 12", job,
+              timeout_s=200)
+    victim = [p for p in _job_processes(job) if p.environ().get("SLURM_PROCID") == "2"]
+    victim[0].send_signal(signal.SIGKILL)
+    info = _completed(nodes, job, timeout_s=300)
+    assert info["Restarts"] == "0", info  # no requeue: inside the job
+    assert "rank 2 on zoo-node2 went away (no answer to the survivors' roll call" in job.log, job.log[-3000:]
+    assert "restart 1 of 1 (run.max_restarts) on zoo-node1,zoo-node2 (2 node(s) answering, 4 ranks" in job.log
+    _same_steps_trained_again(job.run_dir)
+
+
+def test_a_lost_node_restarts_the_job_on_the_node_left_in_the_same_allocation(nodes, tmp_path):
+    """#54: node 2 is lost (its slurmd, step daemon and ranks SIGKILLed after step 12). The job
+    keeps its allocation (train_multinode.sbatch: --no-kill; Slurm removes the failed node
+    from it), the survivors name ranks 2 and 3 on zoo-node2, srun_ranks.sh starts the ranks
+    again on zoo-node1 alone, where parallel=auto re-plans for 2 ranks and resumes step 10's
+    checkpoint (written by 4): the job completes on one node, without a requeue."""
+    import subprocess
+
+    from tests.slurm.test_slurm import _setup
+
+    job = submit(nodes, tmp_path, RESTARTING, per_node=2)
+    metrics = job.run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 12, "step 12", job,
+              timeout_s=200)
+    try:
+        subprocess.run(["bash", "-c", "ip netns pids zoo-node2 | xargs -r kill -9"], check=True, timeout=30)
+        info = _completed(nodes, job, timeout_s=300)
+    finally:
+        _setup("up", 2)  # node 2's slurmd again (ReturnToService=2 takes the node back)
+    assert (info["Restarts"], info["NodeList"]) == ("0", "zoo-node1"), info
+    assert "ranks 2 on zoo-node2, 3 on zoo-node2 went away (no answer to the survivors' roll call" in job.log, \
+        job.log[-3000:]
+    assert "restart 1 of 1 (run.max_restarts) on zoo-node1 (1 node(s) answering, 2 ranks" in job.log
+    assert "zoo: re-planned tp1-pp1-dp4_zero1 -> tp1-pp1-dp2_zero1" in job.log
+    assert "now 2 rank(s), tp1-pp1-dp2_zero1; was 4 rank(s), tp1-pp1-dp4_zero1" in job.log
+    assert json.loads((job.run_dir / "summary.json").read_text())["attempts"] == 2
+    _same_steps_trained_again(job.run_dir)
