@@ -11,6 +11,10 @@ must be equal). Three ways:
   torchrun    `torchrun --standalone --max-restarts=1` with --ranks ranks, one killed
   node lost   two torchrun agents of --ranks/2 ranks each (`--nnodes=1:2`), parallel=auto; the
               second agent and its ranks killed: the first goes on alone, re-planned
+  slurm rank / slurm node lost (`--ways` naming them; SLURM_CONF set to the 2-node test cluster
+              of `ZOO_SLURM_NODES=2 bash .ci/slurm_setup.sh up`): slurm/train_multinode.sbatch,
+              2 nodes x --ranks/2, run.max_restarts=1; one rank on node 2 killed, or node 2
+              lost (every process of its namespace: slurmd, step daemon, ranks; brought back after)
 Target: under 60 s from the kill to the next attempt's first step, on this box. Rounds run
 one after another (the machine otherwise idle); the table prints each round and the median.
 """
@@ -101,6 +105,8 @@ def one(way: str, ranks: int, root: Path, cache: str) -> dict:
     env = _env(cache)
     out = open(root / f"{run_dir.name}.log", "w")
     procs = []
+    if way.startswith("slurm"):
+        return _slurm(way, ranks, root)
     if way == "zoo":
         procs.append(subprocess.Popen([sys.executable, "-m", "zoo.train", f"hydra.run.dir={run_dir}", "parallel=zero1",
                                        f"parallel.dp={ranks}", "run.max_restarts=1", *COMMON], cwd=REPO, env=env,
@@ -149,6 +155,47 @@ def one(way: str, ranks: int, root: Path, cache: str) -> dict:
             "resumed_step": record["resumed_step"], "past_checkpoint": logged - record["resumed_step"],
             "ranks": f"{record['previous_world_size']} -> {record['world_size']}", "layout": record["layout"],
             "lost_s": record["lost_s"], "exit": procs[0].returncode}
+
+
+def _slurm(way: str, ranks: int, root: Path) -> dict:
+    sys.path.insert(0, str(REPO))
+    from tests.slurm.test_multinode import TINY_GPT, submit
+    from tests.slurm.test_slurm import LAUNCHER_VARS, Cluster, _job_processes, _setup
+
+    env = {k: v for k, v in os.environ.items() if not LAUNCHER_VARS.fullmatch(k)}
+    nodes = Cluster({**env, "SLURM_CONF": os.environ["SLURM_CONF"], "ZOO_PYTHON": sys.executable})
+    work = root / f"slurm-{time.time_ns()}"
+    work.mkdir()
+    job = submit(nodes, work, [*TINY_GPT, "trainer.max_steps=30", "checkpoint.every=5", "run.max_restarts=1"],
+                 per_node=ranks // 2)
+    procs = []
+
+    class Running:  # _wait's "the job ended first"
+        def poll(self):
+            return None if nodes.show(job)["JobState"] in ("PENDING", "RUNNING") else 1
+
+    procs = [Running()]
+    _wait(lambda: job.run_dir.is_dir() and len([m for m in _lines(job.run_dir) if "loss" in m]) >= KILL_AFTER, procs,
+          poll=0.2)
+    killed = time.monotonic()
+    if way == "slurm rank":
+        [p for p in _job_processes(job) if p.environ().get("SLURM_PROCID") == str(ranks // 2)][0].kill()
+    else:
+        subprocess.run(["bash", "-c", "ip netns pids zoo-node2 | xargs -r kill -9"], check=True, timeout=30)
+    try:
+        first_new = _wait(lambda: _first_step_after_restart(job.run_dir), procs)
+        took = time.monotonic() - killed
+        info = nodes.wait(job, timeout_s=300)
+    finally:
+        if way != "slurm rank":
+            _setup("up", 2)
+    lines = _lines(job.run_dir)
+    logged = max(m["step"] for m in lines[:next(i for i, m in enumerate(lines) if "attempt" in m)] if "loss" in m)
+    record = [json.loads(line) for line in (job.run_dir / "attempts.jsonl").read_text().splitlines()][-1]
+    return {"way": way, "s": took, "first_step": first_new["step"], "lost_steps": record["lost_steps"],
+            "resumed_step": record["resumed_step"], "past_checkpoint": logged - record["resumed_step"],
+            "ranks": f"{record['previous_world_size']} -> {record['world_size']}", "layout": record["layout"],
+            "lost_s": record["lost_s"], "exit": 0 if info["JobState"] == "COMPLETED" and info["Restarts"] == "0" else 1}
 
 
 def main() -> None:

@@ -189,11 +189,12 @@ def _checked(cfg: Config, env) -> tuple:
     from zoo.run.errors import ConfigError
 
     if cfg.run.max_restarts and env.kind != "local":
+        fix = {"torchrun": f"drop it and give torchrun --max-restarts={cfg.run.max_restarts}",
+               "slurm": "the sbatch scripts read it (slurm/srun_ranks.sh runs srun again); under a bare srun drop it"}
         raise ConfigError(f"run.max_restarts={cfg.run.max_restarts} is read by zoo's own launcher (python -m zoo.train), "
-                          f"not under {env.kind}: " + ("drop it and give torchrun --max-restarts="
-                                                       f"{cfg.run.max_restarts}" if env.kind == "torchrun" else
-                                                       "drop it: there a failure ends the job, and a requeue or a new start with "
-                                                       "resume=auto resumes it"))
+                          f"not under {env.kind}: " + fix.get(env.kind, "drop it: there a failure ends the job, and a "
+                                                                         "requeue or a new start with resume=auto "
+                                                                         "resumes it"))
     layout, warnings = resolve_layout(cfg, env.world_size)
     warnings += validate(cfg, layout, cuda_available=torch.cuda.is_available())
     placed = launch.tp_placement_warning(layout.tp, launch.ranks_per_node()) if env.world_size else None

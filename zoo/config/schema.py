@@ -344,7 +344,9 @@ class RunConfig:
     """zoo's own launcher: when a rank fails (killed, or an error), start the ranks again this many
     times in the same job, each attempt resuming the newest intact checkpoint (resume=auto) and
     saying what the restart lost; a config error, a diverged loss, a signal or an out-of-memory kill
-    is not restarted. Under torchrun its --max-restarts does the same (zoo/run/attempts.py)."""
+    is not restarted. Under torchrun its --max-restarts does the same, under Slurm the sbatch
+    scripts read it (slurm/srun_ranks.sh: srun again on the nodes that still answer); see
+    zoo/run/attempts.py."""
     cpu_allocator: str = "auto"
     """The malloc of CPU ranks that zoo's launcher (and slurm/srun_ranks.sh) starts: auto
     (tcmalloc, else jemalloc, else glibc's own), tcmalloc, jemalloc or glibc. glibc keeps much of

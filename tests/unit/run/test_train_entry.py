@@ -40,8 +40,10 @@ def test_run_max_restarts_is_refused_under_another_launcher_naming_its_own_flag(
     with pytest.raises(ConfigError, match=r"^run.max_restarts=2 is read by zoo's own launcher .*not under torchrun: "
                                           r"drop it and give torchrun --max-restarts=2$"):
         _checked(cfg, LaunchEnv("torchrun", 2))
-    with pytest.raises(ConfigError, match="not under slurm: drop it: there a failure ends the job"):
+    with pytest.raises(ConfigError, match=r"not under slurm: the sbatch scripts read it \(slurm/srun_ranks.sh"):
         _checked(cfg, LaunchEnv("slurm", 2))
+    with pytest.raises(ConfigError, match="not under deepspeed: drop it: there a failure ends the job"):
+        _checked(cfg, LaunchEnv("deepspeed", 2))
     _checked(cfg, LaunchEnv("local", None))  # zoo's own launcher reads it
 
 
