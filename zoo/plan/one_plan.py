@@ -15,6 +15,7 @@ from typing import Callable, Tuple
 import torch.distributed as dist
 
 from zoo.config.schema import Config
+from zoo.run.attempts import current as current_attempt
 from zoo.run.errors import ConfigError, ZooError
 
 GB = 2**30
@@ -59,7 +60,7 @@ def agree(mine: Config, planned_here: bool, memory: Tuple[float, float],
         except ZooError as err:  # no layout fits the smallest: every rank stops with the line
             box = [None, None, str(err)]
         else:
-            record = {"attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "planned_by_rank": 0,
+            record = {"attempt": current_attempt().number, "planned_by_rank": 0,
                       "world_size": world, "device_gb": round(device["device_bytes"] / GB, 3),
                       "device_of": f"rank {device['rank']} on {device['host']}",
                       "host_gb": round(host["host_bytes"] / GB, 3), "host_of": f"rank {host['rank']} on {host['host']}",
