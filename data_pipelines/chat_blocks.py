@@ -129,7 +129,8 @@ def write(out: Path, tokens: np.ndarray, mask: np.ndarray, *, vocab: int, separa
               **meta,
               "shards": [{"file": "tokens-00000.bin", "tokens": int(flat.size), "bytes": int(flat.nbytes),
                           "xxh3_64": xxhash.xxh3_64_hexdigest(flat.tobytes())}],
-              "mask_shards": [{"file": "mask-00000.bin", "bytes": int(flat_mask.nbytes)}]}
+              "mask_shards": [{"file": "mask-00000.bin", "bytes": int(flat_mask.nbytes),
+                               "xxh3_64": xxhash.xxh3_64_hexdigest(flat_mask.tobytes())}]}
     tmp = out / "meta.json.tmp"
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, out / "meta.json")

@@ -411,12 +411,14 @@ class TokenShards:
         return self.read(i * width, (i + 1) * width)
 
 
-def check_shards(directory: Path, verified: Path) -> None:
+def check_shards(directory: Path, verified: Path, lists=("shards",)) -> None:
     """DataError, naming the shard and how to rebuild it, where a shard of a prepared directory
     is missing, of another size than its index says, or (read once per file version: its
     digest is remembered under `verified`, keyed by path, size and modification time) not of
     its recorded xxh3-64 digest. Ranks validating at once (torchrun, srun) read a shard once
-    per cache: the first takes its lock and reads it, the others find the digest remembered."""
+    per cache: the first takes its lock and reads it, the others find the digest remembered.
+    `lists`: meta.json's lists of shards (a chat directory's target masks: "mask_shards"; a
+    shard recorded without a digest, by an older version, is checked by its size)."""
     from data_pipelines.cache import locked
     from zoo.run.checksums import digest
 
@@ -432,7 +434,7 @@ def check_shards(directory: Path, verified: Path) -> None:
     if not isinstance(meta, dict) or not isinstance(meta.get("shards", []), list):
         raise DataError(f"{directory / 'meta.json'} is not a prepared directory's index (no list of shards); run "
                         f"python -m data_pipelines.prepare again with the same arguments (--out {directory})")
-    for shard in meta.get("shards", []):
+    for shard in [shard for key in lists for shard in meta.get(key, [])]:
         f = directory / shard["file"]
         if not f.is_file():
             raise DataError(f"{f} is missing (meta.json lists it); " + rebuild(f))
@@ -440,6 +442,8 @@ def check_shards(directory: Path, verified: Path) -> None:
         if st.st_size != shard["bytes"]:
             raise DataError(f"{f} holds {st.st_size:,} bytes, meta.json says {shard['bytes']:,}: it is cut short or "
                             f"was changed; " + rebuild(f))
+        if "xxh3_64" not in shard:
+            continue
         stamp = verified / "shards" / hashlib.sha256(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
         if stamp.is_file() and stamp.read_text() == shard["xxh3_64"]:
             continue

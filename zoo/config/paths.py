@@ -51,6 +51,9 @@ def check_paths(cfg, spec) -> None:
         _check_eval_path(d, spec)
     if d.name == "prepared" and d.path:
         _prepared("data.path", d.path)
+    if d.name == "chat":  # a chat directory prepared already: its tokens and target masks intact
+        for key, path in (("data.path", d.path), ("data.eval_path", d.eval_path)):
+            _intact_chat(key, path)
     if d.tokenizer:  # read from its tokenizer.json: a Hub name is saved to a directory first
         p = _directory("data.tokenizer", d.tokenizer, "a directory with tokenizer.json (save_pretrained's output; "
                                                       "for a Hub tokenizer: AutoTokenizer.from_pretrained(name)"
@@ -105,6 +108,22 @@ def _prepared(key: str, path: str) -> Path:
     except DataError as err:
         raise ConfigError(f"{key}={path}: {err}") from None
     return p
+
+
+def _intact_chat(key: str, path: str | None) -> None:
+    """A chat directory (`python -m data_pipelines.prepare --format chat`): every shard of tokens
+    and of target masks there, of its size and digest (read once per file version)."""
+    from data_pipelines.chat_blocks import is_chat
+
+    if not path or not is_chat(Path(path).expanduser()):
+        return  # conversation files: rendered, then written with their digests
+    from data_pipelines.cache import cache_root
+    from data_pipelines.prepare import check_shards
+
+    try:
+        check_shards(Path(path).expanduser(), cache_root(), lists=("shards", "mask_shards"))
+    except DataError as err:
+        raise ConfigError(f"{key}={path}: {err}") from None
 
 
 def _check_mixed_prepared(d) -> None:

@@ -195,3 +195,31 @@ def test_workers_render_the_same_blocks_as_one_process(tok, tmp_path, monkeypatc
                                                block_size=96, workers=workers))
     assert metas[0]["shards"] == metas[1]["shards"] and metas[0]["conversations"] == 300
     assert (tmp_path / "w1" / "mask-00000.bin").read_bytes() == (tmp_path / "w2" / "mask-00000.bin").read_bytes()
+
+
+def test_a_prepared_chat_directory_given_as_data_path_is_checked_before_anything_starts(tok, tmp_path, monkeypatch):
+    """data=chat data.path=DIR (prepared with --format chat): its tokens and its target masks are
+    checked against meta.json's sizes and digests in the validation pass, as data=prepared's are;
+    a changed mask byte (which would train on the wrong tokens, silently) is one line naming
+    the file and how to rebuild it."""
+    from tests.unit.config.test_config import composed
+    from zoo.config.paths import check_paths
+    from zoo.families.registry import family
+    from zoo.run.errors import ConfigError
+
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
+    renderer = ChatRenderer(tok, None, "assistant")
+    rendered = [(f"c{i}", *renderer.render(m, "x")) for i, m in enumerate(_conversations(6))]
+    sep = pick_separator(tok, [r[1] for r in rendered])
+    tokens, mask, _ = pack(iter(rendered), 160, sep)
+    meta = write(tmp_path / "d", tokens, mask, vocab=len(tok), separator=sep, block_size=160,
+                 tokenizer_dir=tok.name_or_path, meta={})
+    assert meta["mask_shards"][0]["xxh3_64"]
+    cfg = composed("model=qwen2", "data=chat", f"data.path={tmp_path / 'd'}")
+    check_paths(cfg, family("llama"))  # intact
+    masks = tmp_path / "d" / "mask-00000.bin"
+    data = bytearray(masks.read_bytes())
+    data[len(data) // 2] ^= 1
+    masks.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=rf"^data.path={tmp_path / 'd'}: {masks} fails its checksum .*rebuild it"):
+        check_paths(cfg, family("llama"))
