@@ -99,8 +99,8 @@ SLOW = {
                                   "llama-3d", "bert-ddp", "bert-tp", "bert-pp", "bert-3d", "cnn-ddp", "cnn-pp"]},
     **{f"tests/e2e/test_fp16.py::test_fp16_follows_fp32[{family}-{layout}]": "fp16 matmuls are emulated on this CPU "
        "(gpt-ddp's fp16 run took 150 s, fp32's 16 s); the overflow tests under ddp and zero1 and the resume test "
-       "stay" for family, layouts in (("gpt", ("ddp", "zero1", "zero2", "tp", "pp", "3d")),
-                                      ("llama", ("ddp", "zero1", "zero2", "tp", "pp", "3d")),
+       "stay" for family, layouts in (("gpt", ("ddp", "zero1", "zero2", "tp", "pp", "3d", "cp")),
+                                      ("llama", ("ddp", "zero1", "zero2", "tp", "pp", "3d", "cp")),
                                       ("bert", ("ddp", "zero1", "zero2", "tp", "pp", "3d")),
                                       ("cnn", ("ddp", "zero1", "pp"))) for layout in layouts},
     **{f"tests/e2e/test_fp16.py::test_an_overflow_on_one_rank_skips_the_step_on_every_rank[{layout}]": "the overflow "
