@@ -242,8 +242,8 @@ def report_failure(err: BaseException, lost: bool, verdict=None) -> None:
             who = named(verdict.missing)
             why = (f"{who} went away (no answer to the survivors' roll call: killed, or its host lost)" if gone else
                    f"{who} did not answer within parallel.timeout_s (hung or stopped)")
-            print(f"zoo: rank {rank} on {host}: {why}; the {verdict.answered} surviving rank(s) stop (exit code 1)",
-                  file=sys.stderr, flush=True)
+            print(f"zoo: rank {rank} on {host}: {why}; the {verdict.answered} surviving rank(s) stop (exit code 1)"
+                  + _restarts_left(), file=sys.stderr, flush=True)
             return
         why = "a peer rank went away" if gone else "a peer rank did not answer within parallel.timeout_s"
         print(f"zoo: rank {rank} on {host}: {why} ({type(err).__name__}: {last}); stopping (exit code 1): the rank "
@@ -251,6 +251,19 @@ def report_failure(err: BaseException, lost: bool, verdict=None) -> None:
         return
     traceback.print_exception(err)
     print(f"zoo: rank {rank} on {host} failed (exit code 1): {type(err).__name__}: {last}", file=sys.stderr, flush=True)
+
+
+def _restarts_left() -> str:
+    """What follows a lost peer's line in a job that restarts itself: a restart, or the end."""
+    from zoo.run.attempts import current
+
+    attempt = current()
+    if not attempt.max_restarts:
+        return ""
+    if attempt.restarts_left:
+        return f"; {attempt.launcher} restarts the job ({attempt.restarts_left} of {attempt.max_restarts} left)"
+    return (f"; that was attempt {attempt.number + 1} of {attempt.number + 1}: {attempt.launcher}={attempt.max_restarts} "
+            f"spent, the job ends (resume=auto goes on from its newest checkpoint)")
 
 
 def _run(cfg: Config, run_dir: str, device: torch.device, clock, plan_record=None) -> None:

@@ -52,3 +52,25 @@ def test_the_totals_are_this_jobs_a_later_job_resuming_the_run_starts_again_at_a
     assert attempts.totals(tmp_path) == {"attempts": 1, "restarts": 0, "restarts_left": 1, "lost_steps": 0,
                                          "lost_s": 0.0}
     assert attempts.totals(tmp_path / "none") == {}
+
+
+def test_a_lost_peers_line_says_whether_the_job_restarts_or_ends(monkeypatch, capsys):
+    from zoo.run.roll_call import Verdict
+    from zoo.worker import report_failure
+
+    lost = RuntimeError("Connection closed by peer [10.0.0.2]:4242")
+    verdict = Verdict(namer=True, missing=[(1, "node2")], answered=3)
+    for key in ("ZOO_ATTEMPT", "ZOO_MAX_RESTARTS", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    report_failure(lost, True, verdict)
+    assert capsys.readouterr().err.rstrip().endswith("the 3 surviving rank(s) stop (exit code 1)")  # no restarts
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    report_failure(lost, True, verdict)
+    assert capsys.readouterr().err.rstrip().endswith("; torchrun --max-restarts restarts the job (1 of 2 left)")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    report_failure(lost, True, verdict)
+    assert capsys.readouterr().err.rstrip().endswith(
+        "; that was attempt 3 of 3: torchrun --max-restarts=2 spent, the job ends (resume=auto goes on from its "
+        "newest checkpoint)")
