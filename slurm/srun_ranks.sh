@@ -75,53 +75,53 @@ srun_ranks() {
 
     echo "zoo: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: ${ntasks} ranks," \
          "${OMP_NUM_THREADS} threads each, master ${MASTER_ADDR}; overrides: ${overrides[*]}"
-  while :; do
-    export ZOO_ATTEMPT=$attempt
+    while :; do
+        export ZOO_ATTEMPT=$attempt
 
-    # Since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch: pass it on.
-    # --wait: a hung rank (stopped, deadlocked) would keep srun waiting to the time limit after
-    # the others timed out (parallel.timeout_s) and exited; srun ends the tasks still running
-    # ZOO_SRUN_WAIT seconds after the first one exits. The ranks of a run that ends well leave
-    # together (a barrier after rank 0's last writes), and a requeue's exit 75 comes from all of
-    # them at once, so neither is cut short. (--kill-on-bad-exit would end the others at the
-    # first exit 75 too, and srun would then not return 75: no requeue.)
-    srun --ntasks="$ntasks" --cpus-per-task="$OMP_NUM_THREADS" --wait="${ZOO_SRUN_WAIT:-60}" "${where[@]}" \
-        "$python" -m zoo.train "${overrides[@]}" &
-    srun_pid=$!
-    # bash runs a trap only between commands, so srun runs in the background and we wait.
-    while kill -0 "$srun_pid" 2>/dev/null; do
-        wait "$srun_pid" || true    # returns early whenever the trap runs
+        # Since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch: pass it on.
+        # --wait: a hung rank (stopped, deadlocked) would keep srun waiting to the time limit after
+        # the others timed out (parallel.timeout_s) and exited; srun ends the tasks still running
+        # ZOO_SRUN_WAIT seconds after the first one exits. The ranks of a run that ends well leave
+        # together (a barrier after rank 0's last writes), and a requeue's exit 75 comes from all of
+        # them at once, so neither is cut short. (--kill-on-bad-exit would end the others at the
+        # first exit 75 too, and srun would then not return 75: no requeue.)
+        srun --ntasks="$ntasks" --cpus-per-task="$OMP_NUM_THREADS" --wait="${ZOO_SRUN_WAIT:-60}" "${where[@]}" \
+            "$python" -m zoo.train "${overrides[@]}" &
+        srun_pid=$!
+        # bash runs a trap only between commands, so srun runs in the background and we wait.
+        while kill -0 "$srun_pid" 2>/dev/null; do
+            wait "$srun_pid" || true    # returns early whenever the trap runs
+        done
+        wait "$srun_pid" && rc=0 || rc=$?    # srun's own exit status (bash kept it)
+        srun_pid=""
+        # In-job restart (run.max_restarts): a rank or a node failed (not a config error 2, a diverged
+        # loss 3, a requeue 75 or a signal): the ranks start again, on the job's nodes that still
+        # answer (the job must keep its allocation when a node fails: sbatch --no-kill), resuming
+        # the newest checkpoint; parallel=auto plans again for the ranks there are.
+        case $rc in 0 | 2 | 3 | 75 | 130 | 143) break ;; esac
+        ((attempt < max_restarts)) || {
+            ((max_restarts == 0)) || echo "zoo: error: srun exited ${rc} on attempt $((attempt + 1)) of" \
+                "$((max_restarts + 1)): run.max_restarts=${max_restarts} spent, the job ends" >&2
+            break
+        }
+        nodelist=$(zoo_nodes_up "$nodelist")
+        if [[ -z $nodelist ]]; then
+            echo "zoo: error: srun exited ${rc} and none of the job's nodes answers: no restart" >&2
+            break
+        fi
+        attempt=$((attempt + 1))
+        hosts=$(scontrol show hostnames "$nodelist")
+        export MASTER_ADDR=${hosts%%$'\n'*}
+        local count
+        count=$(wc -l <<<"$hosts")
+        [[ -z $per_node ]] || ntasks=$((count * per_node))
+        # --overlap: the failed step keeps its CPUs on the nodes left until the lost node's part of it
+        # is cleaned up, which never comes (Slurm: "Requested nodes are busy" until the job ends)
+        where=(--nodes="$count" --nodelist="$nodelist" --overlap)
+        ((has_resume)) || { overrides+=("resume=auto"); has_resume=1; }
+        echo "zoo: srun exited ${rc}; restart ${attempt} of ${max_restarts} (run.max_restarts) on ${nodelist}" \
+             "(${count} node(s) answering, ${ntasks} ranks, master ${MASTER_ADDR}): the ranks resume the newest checkpoint"
     done
-    wait "$srun_pid" && rc=0 || rc=$?    # srun's own exit status (bash kept it)
-    srun_pid=""
-    # In-job restart (run.max_restarts): a rank or a node failed (not a config error 2, a diverged
-    # loss 3, a requeue 75 or a signal): the ranks start again, on the job's nodes that still
-    # answer (the job must keep its allocation when a node fails: sbatch --no-kill), resuming
-    # the newest checkpoint; parallel=auto plans again for the ranks there are.
-    case $rc in 0 | 2 | 3 | 75 | 130 | 143) break ;; esac
-    ((attempt < max_restarts)) || {
-        ((max_restarts == 0)) || echo "zoo: error: srun exited ${rc} on attempt $((attempt + 1)) of" \
-            "$((max_restarts + 1)): run.max_restarts=${max_restarts} spent, the job ends" >&2
-        break
-    }
-    nodelist=$(zoo_nodes_up "$nodelist")
-    if [[ -z $nodelist ]]; then
-        echo "zoo: error: srun exited ${rc} and none of the job's nodes answers: no restart" >&2
-        break
-    fi
-    attempt=$((attempt + 1))
-    hosts=$(scontrol show hostnames "$nodelist")
-    export MASTER_ADDR=${hosts%%$'\n'*}
-    local count
-    count=$(wc -l <<<"$hosts")
-    [[ -z $per_node ]] || ntasks=$((count * per_node))
-    # --overlap: the failed step keeps its CPUs on the nodes left until the lost node's part of it
-    # is cleaned up, which never comes (Slurm: "Requested nodes are busy" until the job ends)
-    where=(--nodes="$count" --nodelist="$nodelist" --overlap)
-    ((has_resume)) || { overrides+=("resume=auto"); has_resume=1; }
-    echo "zoo: srun exited ${rc}; restart ${attempt} of ${max_restarts} (run.max_restarts) on ${nodelist}" \
-         "(${count} node(s) answering, ${ntasks} ranks, master ${MASTER_ADDR}): the ranks resume the newest checkpoint"
-  done
     trap - USR1
 
     # Only on the trainer's code: it wrote a checkpoint after at least one more step, so every
