@@ -45,9 +45,11 @@ def prefix(env=None) -> str:
     return f"{ROOT}/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/{env.get('WORLD_SIZE', '1')}"
 
 
-def client(timeout_s: float = 30.0):
+def client(timeout_s: float = 5.0):
     """A store client of this process's own, on the launcher's store (MASTER_ADDR:MASTER_PORT);
-    None where there is none (one rank without a launcher) or it cannot be reached."""
+    None where there is none (one rank without a launcher) or it cannot be reached within
+    `timeout_s` (a client retries a refused connection until then: where the store went with
+    rank 0, a survivor or a rank leaving would wait that long)."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         return None
