@@ -112,16 +112,17 @@ def nothing_to_train(resume: str, run_dir: str, max_steps: int) -> str | None:
 def continued(dcfg: DictConfig, run_dir: str, overrides) -> DictConfig:
     """A resume in a run directory that has its config.yaml continues that config, with the
     command line's overrides on top (zoo.config.continuation); other starts are as composed."""
+    from zoo.run.attempts import current
+
     saved = Path(run_dir) / "config.yaml"
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
-    if restart and not dcfg.get("resume"):  # torchrun --max-restarts started this attempt: it continues the run
+    attempt = current()
+    if attempt.number and not dcfg.get("resume"):  # a restarted attempt (torchrun --max-restarts) continues the run
         dcfg = dcfg.copy()
         dcfg.resume = "auto"
         overrides = [*overrides, "resume=auto"]  # over the run's own config, as if typed
         if _rank0():
-            print(f"zoo: restart {restart} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')} (torchrun "
-                  f"--max-restarts) on {os.environ.get('WORLD_SIZE')} rank(s): resume=auto, from the newest "
-                  f"checkpoint", flush=True)
+            print(f"zoo: restart {attempt.number} of {attempt.max_restarts} ({attempt.launcher}) on "
+                  f"{os.environ.get('WORLD_SIZE')} rank(s): resume=auto, from the newest checkpoint", flush=True)
     if not dcfg.get("resume") or not saved.is_file():
         return dcfg
     import yaml
@@ -415,10 +416,12 @@ def _launch_local(cfg: Config, layout, run_dir: str) -> None:
                 cfg = dataclasses.replace(cfg, resume="auto")
                 continue
             if cfg.run.max_restarts:
-                newest = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir())
+                from zoo.checkpoint.verify import newest_step
+
+                newest = newest_step(Path(run_dir) / "checkpoints")  # the one resume=auto takes first
                 print(f"zoo: error: {failed}; that was attempt {attempt + 1} of {attempt + 1}: run.max_restarts="
                       f"{cfg.run.max_restarts} spent, the job ends" + (
-                          f" (resume=auto in hydra.run.dir={run_dir} goes on from {newest[-1]})" if newest else
+                          f" (resume=auto in hydra.run.dir={run_dir} goes on from {newest[0].name})" if newest else
                           " (no checkpoint was written)"), file=sys.stderr, flush=True)
             else:
                 print(f"zoo: {failed}", file=sys.stderr, flush=True)

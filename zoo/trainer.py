@@ -64,16 +64,10 @@ class _LoopClock:
         self.compile_seen = self.compile_start
 
 
-def _redone(metrics, step: int) -> str:
+def _redone(run_dir: Path, step: int) -> str:
     """What a resume trains again: the steps the run had logged past the checkpoint (lost with the
     failure that stopped it), said after the resume line; "" where none."""
-    import json
-
-    try:
-        lines = metrics.read_text().splitlines()
-        last = max((json.loads(line).get("step", 0) for line in lines[-50:] if line.strip()), default=0)
-    except (OSError, ValueError):
-        return ""
+    last = attempts.last_logged_step(run_dir)
     return f"; steps {step + 1}-{last}, logged before it stopped, are trained again" if last > step else ""
 
 
@@ -197,7 +191,7 @@ class Trainer:
         if self.rank == 0:
             was = state.get("layout", {})
             print(f"zoo: resumed from {path} at step {self.step} (written under {Layout(**was).name if was else '?'}; "
-                  f"read from its {how} files in {took:.2f} s)" + _redone(self.run_dir / "metrics.jsonl", self.step),
+                  f"read from its {how} files in {took:.2f} s)" + _redone(self.run_dir, self.step),
                   flush=True)
         return path
 

@@ -92,8 +92,7 @@ class RunLog:
         if not self.active:
             return
         plain = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in record.items()}
-        with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps({k: _clean(v) for k, v in plain.items()}) + "\n")
+        self._append(plain)
         self.write(console_line(plain))
         self.tracker.log({k: v for k, v in plain.items() if k != "diagnosis"}, step=plain["step"])
 
@@ -102,9 +101,12 @@ class RunLog:
         summary (a tracker's step history only grows: a restart goes back to its checkpoint's step)."""
         if not self.active:
             return
+        self._append(record)
+        self.tracker.summary({k: _clean(v) for k, v in record.items() if k != "step"})
+
+    def _append(self, record: Dict[str, Any]) -> None:
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self.tracker.summary({k: _clean(v) for k, v in record.items() if k != "step"})
 
     def advance(self, n: int, loss: Optional[float] = None) -> None:
         if self._bar is not None:
