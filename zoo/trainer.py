@@ -24,6 +24,7 @@ from zoo.config.schema import Config
 from zoo.engine import initialize_engine, micro_batching
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
+from zoo.engine.pipe_hooks import whole_sequence_shapes
 from zoo.evaluate.in_loop import task_scorer
 from zoo.evaluate.tasks import best_fields, higher_is_better
 from zoo.families.accuracy import tallied
@@ -389,7 +390,7 @@ class Trainer:
         from zoo.evaluate.in_loop import score
 
         self.engine.eval()
-        with whole_sequences(self.engine.module):
+        with whole_sequences(self.engine.module), whole_sequence_shapes(self.engine):
             return score(self.scorer, self._tallied_forward, micro_batch=self.micro_batch_size, dp_rank=self.dp_rank,
                          dp_size=self.layout.dp, pad_to=self.task.shape.block_size if self.pipelined else None,
                          multiple=self.layout.tp if self.cfg.parallel.sequence_parallel else 1,

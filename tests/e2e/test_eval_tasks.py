@@ -1,7 +1,8 @@
 """In-loop downstream tasks (trainer.eval_tasks) on the distributed model in place: a random
 transformers GPT-2 and Llama imported and scored under one process give the same metrics as
-Llama under ZeRO-3 over dp 2, tp2, pp2, 3d and cp2 (imported onto context parallelism; its ranks
-score whole sequences, the first of each cp group reports) and GPT under tp2 with sequence
+Llama under ZeRO-3 over dp 2, tp2, pp2, 3d, cp2 and cp2 x pp2 (imported onto context parallelism;
+its ranks score whole sequences, the first of each cp group reports; under a pipeline the
+stages send whole sequences while scoring, a share while training) and GPT under tp2 with sequence
 parallelism, pp2 and 3d
 (the tensor-parallel rules are each family's own; ZeRO's gathering and the pipeline are not), and
 every choice's log-likelihood equals lm-evaluation-harness's HFLM
@@ -26,7 +27,8 @@ LAYOUTS = {"one": ["parallel=ddp", "trainer.micro_batch_size=4"],
            "tp2": ["parallel=tp", "trainer.micro_batch_size=4"], "pp2": ["parallel=pp"],  # 6 micro-batches of 2
            "tp2-sp": ["parallel=tp", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"],
            "zero3": ["parallel=zero3", "trainer.micro_batch_size=2"], "3d": ["parallel=3d", "trainer.micro_batch_size=1"],
-           "cp2": ["parallel=cp", "trainer.micro_batch_size=4"]}
+           "cp2": ["parallel=cp", "trainer.micro_batch_size=4"],
+           "cp2-pp2": ["parallel=cp", "parallel.pp=2"]}  # 6 micro-batches of 2; the tasks' whole sequences piped
 
 
 def _keyword_and_word_tasks(directory):
@@ -120,7 +122,8 @@ def test_one_process_equals_the_harness_algorithm_on_transformers(scored, tasks,
 
 
 @pytest.mark.parametrize("family, layout", [("llama", "zero3"), ("llama", "tp2"), ("gpt", "tp2-sp"), ("gpt", "pp2"),
-                                            ("gpt", "3d"), ("llama", "pp2"), ("llama", "cp2"), ("llama", "3d")])
+                                            ("gpt", "3d"), ("llama", "pp2"), ("llama", "cp2"), ("llama", "cp2-pp2"),
+                                            ("llama", "3d")])
 def test_every_layout_scores_as_one_process(scored, family, layout):
     one, run = scored(family, "one"), scored(family, layout)
     keys = ("keywords/acc", "keywords/acc_norm", "words/acc")

@@ -390,7 +390,7 @@ def _check_batches(cfg: Config, layout: Layout, warnings: List[str]) -> None:
 
 
 def _check_context(cfg: Config, layout: Layout, spec, warnings: List[str]) -> None:
-    """parallel.cp: a causal decoder without a pipeline (its blocks' split: check_transformer)."""
+    """parallel.cp: a causal decoder (its blocks' split: check_transformer)."""
     if layout.cp == 1:
         if not cfg.parallel.cp_recompute:
             warnings.append("parallel.cp_recompute=false is read with parallel.cp > 1 only; this run has cp=1")
@@ -401,6 +401,3 @@ def _check_context(cfg: Config, layout: Layout, spec, warnings: List[str]) -> No
     require(spec.context_parallel,
             f"parallel.cp={layout.cp}: model.family={m.family} has no context parallelism (it is for the causal "
             f"decoders {sorted(n for n, s in FAMILIES.items() if s.context_parallel)}); set parallel.cp=1")
-    require(layout.pp == 1,
-            f"parallel.cp={layout.cp} with parallel.pp={layout.pp}: DeepSpeed's pipeline engine reduces gradients "
-            f"over dp only, not over the cp group; use parallel.pp=1 (tp x cp x dp) or parallel.cp=1")

@@ -45,6 +45,8 @@ def initialize_engine(model: nn.Module, cfg: Config, layout: Layout, grid):
                                            lr_scheduler=lr_scheduler(cfg.optim, cfg.trainer.max_steps),
                                            mpu=None if isinstance(model, PipelineModule) else grid)
     skip_single_replica_allreduce(engine, layout.dp * layout.cp)  # cp ranks sum their gradients too
+    if layout.cp > 1 and isinstance(model, PipelineModule):
+        pipeline_reduces_over_context(engine)
     if engine.fp16_enabled():  # DeepSpeed's ZeRO-0 fp16 optimizer, as its own docs say it works
         from zoo.engine.half import scale_zero0_loss, undo_unfused_init_step
 
@@ -69,6 +71,29 @@ def skip_single_replica_allreduce(engine, dp: int) -> bool:
     else:
         engine.enable_backward_allreduce = False
     return True
+
+
+def pipeline_reduces_over_context(engine) -> None:
+    """DeepSpeed's pipeline engine reduces the gradients outside ZeRO's partitioning (fp32 and
+    fp16 at ZeRO-0, bf16's optimizer) over its data-parallel group alone; under context
+    parallelism each cp rank holds its share of a gradient, which must be summed over cp too:
+    here they are reduced over dp x cp and averaged over dp, as DeepSpeed's engine without a
+    pipeline does (its sequence-data-parallel branch). ZeRO-1's own reduction already
+    partitions over dp x cp (zoo.parallel.context_grid)."""
+    from deepspeed.runtime.engine import split_half_float_double_sparse
+
+    grid = engine.grid
+    group, replicas = grid.get_sequence_data_parallel_group(), grid.get_data_parallel_world_size()
+
+    def reduce(grads, elements_per_buffer):
+        sparse, dense = split_half_float_double_sparse(grads)
+        if sparse:  # zoo's models have no sparse gradient (an nn.Embedding(sparse=True) would)
+            raise NotImplementedError("sparse gradients under context parallelism with a pipeline")
+        for _dtype, bucket in dense:
+            engine.allreduce_no_retain(bucket, dp_group=group, numel_per_bucket=elements_per_buffer,
+                                       dp_world_size=replicas)
+
+    engine._reduce_non_expert_gradients = reduce
 
 
 def lr_scheduler(o: OptimConfig, max_steps: int):

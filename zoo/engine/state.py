@@ -285,16 +285,43 @@ def grad_norm(engine) -> Optional[float]:
 
 def keep_fp32_grad_norm(engine) -> None:
     """DeepSpeed computes the gradient norm when it clips fp32 gradients without ZeRO, but
-    keeps it only on its other paths: the same call, its result kept for get_global_grad_norm."""
+    keeps it only on its other paths; and its `clip_grad_norm_` counts a parameter that is not
+    tensor-parallel on the model-parallel group's first rank only, which under a pipeline is
+    the first stage: the later stages' parameters were left out (the tiny GPT at pp2, ZeRO-0:
+    a norm of 2.17 where one process has 2.70), and the clipping scaled by it. Here the norm
+    is counted as its other paths count it (`fp32_grad_norm`), clipped as it clips, and kept
+    for get_global_grad_norm."""
     if engine.fp16_enabled() or engine.bfloat16_enabled() or engine.zero_optimization():
         return
-    from deepspeed.runtime.utils import clip_grad_norm_
 
     def clip_fp32_gradients():
-        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
-                                                   max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        norm = fp32_grad_norm(params, engine.mpu)
+        coefficient = torch.clamp(engine.gradient_clipping() / (norm + 1e-6), max=1.0)
+        for p in params:
+            p.grad.mul_(coefficient)
+        engine._global_grad_norm = norm
 
     engine.clip_fp32_gradients = clip_fp32_gradients
+
+
+def fp32_grad_norm(params, mpu) -> torch.Tensor:
+    """The global L2 norm of the gradients of `params` (all with one): every pipeline stage's
+    and tensor-parallel shard's, summed over `mpu`'s model-parallel group; a parameter each
+    tensor-parallel rank holds whole counted once (on the first), a tied weight's copy on a
+    later stage (DeepSpeed's `ds_pipe_replicated`) not at all."""
+    import torch.distributed as dist
+    from deepspeed.runtime.utils import is_model_parallel_parameter
+    from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank
+
+    first = bwc_tensor_model_parallel_rank(mpu) == 0
+    squares = [p.grad.detach().float().pow(2).sum() for p in params
+               if not getattr(p, "ds_pipe_replicated", False) and (first or is_model_parallel_parameter(p))]
+    device = params[0].grad.device if params else torch.device("cpu")
+    total = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+    if mpu is not None:
+        dist.all_reduce(total, group=mpu.get_model_parallel_group())
+    return total.sqrt()
 
 
 def before_next_optimizer_step(engine, fn) -> None:

@@ -41,7 +41,13 @@ PRIVATE_ATTRIBUTES = {
     "last_overflow_iter": "a loss scaler's last overflow's iteration (state.scaler_state)",
     "cur_hysteresis": "the ZeRO loss scaler's overflows left before it halves (state.scaler_state)",
     "_global_grad_norm": "the engine's kept gradient norm (state.keep_fp32_grad_norm)",
-    "clip_fp32_gradients": "the engine's fp32 clipping, replaced to keep the norm (state.keep_fp32_grad_norm)",
+    "clip_fp32_gradients": "the engine's fp32 clipping, replaced to count every stage (state.keep_fp32_grad_norm)",
+    "ds_pipe_replicated": "a tied weight's copy on a later pipeline stage (state.fp32_grad_norm, pipe_hooks)",
+    "_reduce_non_expert_gradients": "the engine's dense gradient reduction (initialize.pipeline_reduces_over_context)",
+    "allreduce_no_retain": "the engine's bucketed all-reduce (initialize.pipeline_reduces_over_context)",
+    "_index_tied_modules": "PipelineModule's tied-weight groups (pipe_hooks.LayerListPipelineModule)",
+    "tied_modules": "PipelineModule's tied layers (pipe_hooks.LayerListPipelineModule)",
+    "tied_weight_attrs": "PipelineModule's tied weights' names (pipe_hooks.LayerListPipelineModule)",
     "enable_backward_allreduce": "the engine's gradient all-reduce switch (initialize.skip_single_replica_allreduce)",
     "pipeline_enable_backward_allreduce": "the pipeline engine's switch (initialize.skip_single_replica_allreduce)",
     "_INSTRUCTION_MAP": "the pipeline engine's instruction table (pipeline.wrap_instructions)",
@@ -58,7 +64,10 @@ PRIVATE_ATTRIBUTES = {
 # Functions and classes of DeepSpeed's internal modules (and its fragment API) zoo calls: (module, name, the
 # parameters zoo passes, by name; None: not called, only used as a class or a value).
 RELIED_ON = (
-    ("deepspeed.runtime.utils", "clip_grad_norm_", ("parameters", "max_norm", "mpu")),
+    ("deepspeed.runtime.utils", "is_model_parallel_parameter", ("p",)),
+    ("deepspeed.utils.bwc", "bwc_tensor_model_parallel_rank", ("mpu",)),
+    ("deepspeed.runtime.engine", "split_half_float_double_sparse", ("tensors",)),
+    ("deepspeed.runtime.pipe.module", "PipelineParallelGrid", None),
     ("deepspeed.runtime.pipe.schedule", "ForwardPass", None),
     ("deepspeed.runtime.pipe.schedule", "BackwardPass", None),
     ("deepspeed.runtime.pipe.schedule", "OptimizerStep", None),

@@ -13,7 +13,9 @@ rank (attention sees the whole sequence also under sequence parallelism), passed
 pipeline beside the hidden states (DeepSpeed sends a tuple's integer tensors and no gradient
 for them). The first attention of a stage builds the (B, 1, T, T) mask from them and keeps
 it on the positions tensor for the stage's other layers (`attention_mask`): cheaper to
-rebuild in each stage than to send between stages.
+rebuild in each stage than to send between stages. Under context parallelism the positions
+are this rank's share, and with documents the whole block's positions travel beside them
+(`_Carry`): a rank's keys come from every rank's share.
 """
 from __future__ import annotations
 
@@ -107,22 +109,43 @@ class _Embed:
 
     def __call__(self, root: nn.Module, idx: torch.Tensor):
         positions = None if self.end_id is None else document_positions(idx, self.end_id)
-        if self.context is not None:
-            idx, positions = self.context.share(idx, positions)
+        block, context = positions, _on(self.context)
+        if context is not None:
+            idx, positions = context.share(idx, positions)
         if self.takes_positions:  # a learned position table (GPT)
-            return root.get_submodule(self.layer.paths[0])(idx, positions=positions), positions
-        return self.layer(root, idx), positions
+            hidden = root.get_submodule(self.layer.paths[0])(idx, positions=positions)
+        else:
+            hidden = self.layer(root, idx)
+        if context is not None and block is not None:  # the block's documents, for every stage's masks
+            return hidden, positions, block
+        if positions is None:  # whole sequences of a sharded model without documents (decoding, the tasks)
+            return hidden
+        return hidden, positions
+
+
+def _on(context):
+    """`context` where it shards this forward (None without, or inside `whole_sequences`)."""
+    return context if context is not None and context.enabled else None
 
 
 class _Carry:
-    """A block: (hidden, positions) -> (block(hidden, positions=positions), positions)."""
+    """A block: (hidden, positions) -> (block(hidden, positions=positions), positions). Under
+    context parallelism with documents, (hidden, positions, block): `block` the whole block's
+    document positions, which this rank's attention masks need (its keys are every rank's),
+    carried beside the share from the first stage to the last and entered into the shard
+    before each block runs: a pipeline stage runs other micro-batches' forwards between one
+    micro-batch's forward and its recomputation in the backward."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, context=None):
+        self.path, self.context = path, context
 
     def __call__(self, root: nn.Module, x):
-        hidden, positions = x
-        return root.get_submodule(self.path)(hidden, positions=positions), positions
+        if isinstance(x, torch.Tensor):  # no positions (`_Embed`: whole sequences without documents)
+            return root.get_submodule(self.path)(x)
+        hidden, positions, *block = x
+        if block:
+            self.context.enter(block[0])
+        return (root.get_submodule(self.path)(hidden, positions=positions), positions, *block)
 
 
 class _Drop:
@@ -132,7 +155,7 @@ class _Drop:
         self.layer = layer
 
     def __call__(self, root: nn.Module, x):
-        return self.layer(root, x[0])
+        return self.layer(root, x if isinstance(x, torch.Tensor) else x[0])
 
 
 def with_documents(layers: Sequence[PipeLayer], end_id: Optional[int], *,
@@ -147,7 +170,7 @@ def with_documents(layers: Sequence[PipeLayer], end_id: Optional[int], *,
     carrying = True
     for layer in rest:
         if layer.checkpointable and carrying:
-            out.append(dataclasses.replace(layer, run=_Carry(layer.paths[0])))
+            out.append(dataclasses.replace(layer, run=_Carry(layer.paths[0], context)))
         elif carrying:
             out.append(dataclasses.replace(layer, run=_Drop(layer)))
             carrying = False

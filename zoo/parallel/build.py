@@ -174,12 +174,8 @@ def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, 
         model = spec.model(shape)
     if document_end is not None:
         model.document_end = document_end
-    if context is not None:  # the model and its attention layers (zoo.models.documents.ReadsContext)
-        from zoo.models.documents import ReadsContext
-
-        for m in model.modules():
-            if isinstance(m, ReadsContext):
-                m.context = context
+    if context is not None:  # the model and its attention layers
+        _hand_context(model.modules(), context)
     if zero3 is None:
         materialise(model, spec, shape, seed=seed, device=device, tp_group=tp_group, dp_group=dp_group,
                     sequence_parallel=sequence_parallel, init=init)
@@ -194,22 +190,40 @@ def build_model(spec, shape, *, seed: int, device: torch.device, tp_group=None, 
     return model
 
 
+def _hand_context(modules, context) -> None:
+    """The shard to every module that reads it (zoo.models.documents.ReadsContext)."""
+    from zoo.models.documents import ReadsContext
+
+    for m in modules:
+        if isinstance(m, ReadsContext):
+            m.context = context
+
+
 def build_pipeline(spec, shape, layout: Layout, *, seed: int, device: torch.device, tp_group=None, dp_group=None,
                    sequence_parallel: bool = False, partition_method: str, activation_checkpointing: bool,
-                   dynamic_shape: bool = False, document_end: Optional[int] = None, init: bool = True):
+                   dynamic_shape: bool = False, document_end: Optional[int] = None, context=None, init: bool = True):
     """This stage's DeepSpeed PipelineModule: only its layers, cut from the model built on meta
-    (with `document_end`, layers that carry each token's document position between them)."""
+    (with `document_end`, layers that carry each token's document position between them; with
+    `context`, layers and a last stage's loss that run this rank's share of every sequence; the
+    module's `context` is the shard, for zoo.models.documents.whole_sequences)."""
     from zoo.parallel.pipeline import pipeline_module
 
     with on_meta():
         meta_model = spec.model(shape)
     if document_end is not None:
         meta_model.document_end = document_end
+    loss = spec.pipeline_loss(tp_group)
+    if context is not None:
+        _hand_context([meta_model], context)  # its layer list's first layer takes the share
+        loss.context = context
     build = functools.partial(materialise, spec=spec, shape=shape, seed=seed, device=device, tp_group=tp_group,
                               dp_group=dp_group, sequence_parallel=sequence_parallel, init=init)
-    return pipeline_module(meta_model, layout, build, loss_fn=spec.pipeline_loss(tp_group),
-                           partition_method=partition_method, activation_checkpointing=activation_checkpointing,
-                           dynamic_shape=dynamic_shape)
+    module = pipeline_module(meta_model, layout, build, loss_fn=loss, partition_method=partition_method,
+                             activation_checkpointing=activation_checkpointing, dynamic_shape=dynamic_shape)
+    if context is not None:
+        _hand_context(module.modules(), context)  # the stage's attention layers
+        module.context = context
+    return module
 
 
 def build(spec, shape, layout: Layout, **kwargs) -> nn.Module:
@@ -217,7 +231,6 @@ def build(spec, shape, layout: Layout, **kwargs) -> nn.Module:
     if layout.pp > 1:
         weights = kwargs.pop("weights", None)
         kwargs.pop("zero3", None)  # DeepSpeed's pipeline takes ZeRO-1 at most
-        kwargs.pop("context", None)  # validation refuses cp with pp (zoo.config.validate)
         model = build_pipeline(spec, shape, layout, **kwargs)
         if weights is not None:
             from zoo.checkpoint.consolidate import assign_full_weights

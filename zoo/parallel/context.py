@@ -70,6 +70,13 @@ class ContextShard:
         full = torch.arange(T, device=idx.device).expand(B, T) if positions is None else positions
         return self.take(idx), self.take(full).contiguous()
 
+    def enter(self, block: torch.Tensor) -> None:
+        """A layer of a forward whose block's document positions `share` took (carried to every
+        pipeline stage beside the hidden states): its masks are that block's. A stage runs other
+        micro-batches' forwards between a micro-batch's forward and its recomputation."""
+        if block is not self._block:
+            self._block, self._masks = block, None
+
     def gather(self, t: torch.Tensor) -> torch.Tensor:
         """(B, heads, T/cp, d) of this rank's chunks -> (B, heads, T, d) in global order."""
         return _GatherContext.apply(t, self)

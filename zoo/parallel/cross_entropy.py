@@ -85,15 +85,22 @@ def vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
 class TokenLoss:
     """Mean per-token loss of (possibly vocab-sharded) logits; -100 targets are ignored. The
     targets may come as (targets, weight): the mean times the micro-batch's weight
-    (zoo.parallel.token_weights)."""
+    (zoo.parallel.token_weights). With `context` (a pipeline's last stage under context
+    parallelism, zoo.parallel.context.ContextShard) the logits are this rank's share of the
+    block and the targets the whole block's: the block's mean, the same on every cp rank."""
 
-    def __init__(self, tp_group=None):
+    def __init__(self, tp_group=None, context=None):
         self.per_token: Callable = (functools.partial(vocab_parallel_cross_entropy, tp_group=tp_group)
                                     if tp_group is not None else cross_entropy_per_token)
+        self.context = context
 
     def __call__(self, logits: torch.Tensor, targets) -> torch.Tensor:
         weight = None
         if isinstance(targets, (tuple, list)):
             targets, weight = targets
-        loss = masked_mean(self.per_token(logits, targets), targets)
+        shard = self.context if self.context is not None and self.context.enabled else None
+        if shard is not None:
+            loss = shard.mean_loss(self.per_token(logits, shard.take(targets)), targets)
+        else:
+            loss = masked_mean(self.per_token(logits, targets), targets)
         return loss if weight is None else loss * weight

@@ -81,7 +81,13 @@ def pipeline_module(meta_model: nn.Module, layout: Layout, materialise: Callable
                                        tied_weight_attr=[layer.tied_weight]))
         else:
             specs.append(LayerSpec(StageLayer, meta_model, index, materialise))
+    grid_class = None
+    if layout.cp > 1:  # the grid that also answers DeepSpeed's sequence-parallel questions
+        from zoo.parallel.context_grid import ContextGrid
+
+        grid_class = ContextGrid
     return LayerListPipelineModule(
+        grid_class=grid_class,
         layers=specs, topology=build_topology(layout), loss_fn=PipelineLoss(loss_fn), partition_method=partition_method,
         activation_checkpoint_interval=1 if activation_checkpointing else 0,
         activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),

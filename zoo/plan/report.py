@@ -72,9 +72,12 @@ def reasons(p: Plan) -> List[str]:
     fastest = p.candidates[0]
     if fastest is not best:
         fl = fastest.layout
-        out.append(f"The fastest estimate (tp={fl.tp} pp={fl.pp} dp={fl.dp}, {fastest.time.total:.3g} s/step) is only "
-                   f"{best.time.total / fastest.time.total - 1:.1%} faster, within the estimates' precision "
-                   f"(plan.prefer_simpler_within={p.plan.prefer_simpler_within:g}): pure data parallelism wins.")
+        simpler = ("pure data parallelism wins" if lay.tp == lay.cp == lay.pp == 1
+                   else "the fastest without cp wins (cp for the sequences that need it)")
+        out.append(f"The fastest estimate (tp={fl.tp} {f'cp={fl.cp} ' if fl.cp > 1 else ''}pp={fl.pp} dp={fl.dp}, "
+                   f"{fastest.time.total:.3g} s/step) is only {best.time.total / fastest.time.total - 1:.1%} faster, "
+                   f"within the estimates' precision (plan.prefer_simpler_within={p.plan.prefer_simpler_within:g}): "
+                   f"{simpler}.")
     if lay.tp > 1:
         out.append(f"Tensor parallelism inside a node: tp={lay.tp} of the {c.gpus_per_node} {c.device}s of a node; its 4 "
                    f"all-reduces per layer per micro-batch run over {_link(c)} at {c.intra_node_gbps:g} GB/s "

@@ -132,8 +132,9 @@ class PlanConfig(MeasureConfig):
     default kept by zoo's engine); ZeRO allocates a buffer this size whatever the model."""
     prefer_simpler_within: float = 0.02
     """The estimates are not more precise than a few percent: a pure data-parallel layout
-    (tp = pp = 1) within this fraction of the fastest is recommended over it (data
-    parallelism while the model fits)."""
+    (tp = cp = pp = 1) within this fraction of the fastest is recommended over it (data
+    parallelism while the model fits), and so is a layout without cp over a faster one with it
+    (cp where the sequence needs it)."""
     top: int = 8
     """Candidates listed in the text output."""
     verbose: bool = False

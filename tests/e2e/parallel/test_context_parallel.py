@@ -3,8 +3,12 @@ family: the loss at every step, the held-out loss and the end-of-run sample equa
 process's within 1e-5 (the gradient norm within 1e-4), for GPT with documents spanning the cp
 ranks under cp4 and without under cp2 with ZeRO-3 over the cp pair (whose reduce-scatter
 DeepSpeed averages over cp: zoo.engine.config), and Llama with documents under tp2 x cp2 with
-sequence parallelism, under cp2 x dp2 with ZeRO-1 and under tp2 x cp2 x dp2; a cp2 checkpoint resumes on one process and on tp2 x cp2 with the uninterrupted run's
-losses; the grid lists the cp groups."""
+sequence parallelism, under cp2 x dp2 with ZeRO-1 and under tp2 x cp2 x dp2, and under cp2 x
+pp2 (GPT with documents at ZeRO-0 with activation checkpointing: a stage recomputes one
+micro-batch's blocks after the next one's forward, each with its own documents; without at
+ZeRO-1, its sample decoded whole through the stages); a Llama cp2 checkpoint resumes on one
+process, on tp2 x cp2 and on cp2 x pp2 with the uninterrupted run's losses; the grid lists the
+cp groups."""
 from __future__ import annotations
 
 import pytest
@@ -40,13 +44,19 @@ def _same(run, reference):
     assert run.summary["sample"] == reference.summary["sample"]
 
 
+CP_PP = ["parallel=cp", "parallel.pp=2", "parallel.num_microbatches=2"]
+
+
 @pytest.mark.parametrize("family, layout", [
     ("gpt-docs", ["parallel=cp", "parallel.cp=4", "parallel.zero_stage=0", "trainer.micro_batch_size=4"]),
     ("gpt", ["parallel=cp", "parallel.zero_stage=3", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=tp", "parallel.cp=2", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=cp", "parallel.dp=2", "trainer.micro_batch_size=2"]),
     ("llama", ["parallel=tp", "parallel.cp=2", "parallel.dp=2", "trainer.micro_batch_size=2"]),
-], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1", "llama-tp2-cp2-dp2"])
+    ("gpt-docs", [*CP_PP, "parallel.zero_stage=0", "model.activation_checkpointing=true", "trainer.micro_batch_size=4"]),
+    ("gpt", [*CP_PP, "trainer.micro_batch_size=4"]),
+], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1", "llama-tp2-cp2-dp2",
+        "gpt-docs-cp2-pp2-zero0", "gpt-cp2-pp2-zero1"])
 def test_a_layout_with_cp_trains_as_one_process(run_zoo, one, family, layout):
     run = run_zoo(*FAMILY[family], *COMMON, *layout)
     _same(run, one(family))
@@ -56,6 +66,10 @@ def test_a_layout_with_cp_trains_as_one_process(run_zoo, one, family, layout):
         assert f"world {4 * dp} = tp 2 x cp 2 x pp 1 x dp {dp}" in grid
         assert "CP group: [0, 2]" in grid and "CP group: [1, 3]" in grid and "TP group: [0, 1]" in grid
         assert dp == 1 or ("CP group: [4, 6]" in grid and "DP group: [0, 4]" in grid)
+    if "parallel.pp=2" in layout:  # cp inside a stage, the stages' ranks apart
+        grid = (run.run_dir / "topology.txt").read_text()
+        assert "world 4 = tp 1 x cp 2 x pp 2 x dp 1" in grid
+        assert "CP group: [0, 1]" in grid and "CP group: [2, 3]" in grid and "PP group: [0, 2]" in grid
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +78,9 @@ def cp_checkpoint(run_zoo):
 
 
 @pytest.mark.parametrize("layout", [["parallel=ddp", "trainer.micro_batch_size=4"],
-                                    ["parallel=tp", "parallel.cp=2", "trainer.micro_batch_size=4"]],
-                         ids=["cp2-to-one", "cp2-to-tp2-cp2"])
+                                    ["parallel=tp", "parallel.cp=2", "trainer.micro_batch_size=4"],
+                                    [*CP_PP, "trainer.micro_batch_size=4"]],
+                         ids=["cp2-to-one", "cp2-to-tp2-cp2", "cp2-to-cp2-pp2"])
 def test_a_cp_checkpoint_resumes_on_another_layout(run_zoo, one, cp_checkpoint, layout):
     reference = one("llama")
     _same(cp_checkpoint, reference)
