@@ -16,7 +16,8 @@ its step time against tensor parallelism's sequence parallelism on the same rank
 
 Attention is the all-gather variant (zoo.parallel.context): the keys and values gathered over
 the cp group, each local chunk against the keys up to its end. On this CPU its causal mask is
-built once a forward (c x (2cp+1)c floats, c = block / 2cp: the planner counts it, cluster
+built once a forward (c x (2cp+1)c elements, c = block / 2cp; boolean where the attention is
+recomputed, floats where each layer keeps it: the planner counts it, cluster
 `builds_causal_masks`); on CUDA torch's causal_lower_right needs none.
 
     python benchmarks/context_parallel.py [--embd 512 --layers 2 --heads 8 --budget-mb 400]

@@ -66,3 +66,10 @@ def test_the_planners_command_builds_the_planned_model_and_a_dry_run_says_when_i
     assert "tokenizer's 4,096 tokens (data=pydoc)" in line and "llama3-8b's published 128,256" in line
     assert f"plans {planned:,} for model.size=llama3-8b" in line and "add model.vocab_size=128256" in line
 
+
+
+def test_a_cp_dry_run_names_cp_in_the_world(run_zoo, tmp_path):
+    run = run_zoo("model=llama", "parallel=cp", "parallel.pp=2", "parallel.num_microbatches=2",
+                  "trainer.global_batch_size=8", "--dry-run", run_dir=tmp_path / "run")
+    assert "zoo: dry run: layout tp1-cp2-pp2-dp1_zero1: world 4 = tp 1 x cp 2 x pp 2 x dp 1, " in run.stdout
+    assert not (tmp_path / "run").exists()

@@ -105,14 +105,20 @@ class ContextShard:
         """Each chunk's mask over the keys before its end: causal, bottom-right aligned. On CUDA
         torch's `causal_lower_right`, which the flash and memory-efficient kernels take without
         building it; elsewhere (the CPU's kernels build it in every call, and keep it for the
-        backward: a layer's c x keys floats) an additive (c, keys) mask built once per forward and
-        kept for its other layers. Where the block has documents, an additive (B, 1, c, keys)
-        mask that also keeps each query inside its document, likewise built once."""
+        backward: a layer's c x keys floats) a (c, keys) mask built once per forward and kept for
+        its other layers. Where the block has documents, a (B, 1, c, keys) mask that also keeps
+        each query inside its document, likewise built once. Boolean (a byte an element) where
+        the attention is recomputed in the backward, or not differentiated: SDPA's float copy
+        of it is then a transient of one call; additive in `dtype` (0 or -inf) where each layer's
+        SDPA keeps its mask for the backward, so that the layers keep this one, not a copy each."""
         unbuilt = device.type == "cuda" if self.unbuilt_causal is None else self.unbuilt_causal
         if self._block is None and unbuilt:
             from torch.nn.attention.bias import causal_lower_right
 
             return [causal_lower_right(c, (g + 1) * c) for g in self.chunks]
+        additive = torch.is_grad_enabled() and not self.recompute
+        if not additive:
+            dtype = torch.bool
         if self._masks is not None and self._masks[0].dtype == dtype:
             return self._masks
         doc = None if self._block is None else (self._block == 0).cumsum(dim=1)  # each token's document
@@ -122,7 +128,8 @@ class ContextShard:
             allowed = torch.ones(c, n, dtype=torch.bool, device=device).tril(diagonal=n - c)
             if doc is not None:
                 allowed = (allowed & (doc[:, g * c:n, None] == doc[:, None, :n]))[:, None]
-            masks.append(torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf")))
+            masks.append(torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+                         if additive else allowed)
         if not torch.compiler.is_compiling():
             self._masks = masks
         return masks

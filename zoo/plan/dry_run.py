@@ -90,7 +90,8 @@ def dry_run_lines(cfg: Config, layout, spec, device_mem_bytes: float, device: st
         micro, accum = micro_batching(cfg.trainer, cfg.parallel, layout)
         batch = (f"{accum} micro-batches of {micro} through {layout.pp} stages x dp {layout.dp}" if layout.pp > 1
                  else f"micro {micro} x accum {accum} x dp {layout.dp}")
-    lines.append(f"layout {layout.name}: world {layout.world_size} = tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, "
+    context = f" x cp {layout.cp}" if layout.cp > 1 else ""
+    lines.append(f"layout {layout.name}: world {layout.world_size} = tp {layout.tp}{context} x pp {layout.pp} x dp {layout.dp}, "
                  f"global batch {t.global_batch_size} = {batch}, {cfg.precision.dtype}, {t.max_steps} steps")
     if mem is None:
         lines.append(f"memory: the planner does not describe model.family={cfg.model.family} (its shape comes from "

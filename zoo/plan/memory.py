@@ -13,15 +13,16 @@ Activations follow Korthikanti et al. 2022 per token of each piece (`zoo.plan.mo
 times the tokens of a micro-batch and the micro-batches in flight: with 1F1B, stage i of p
 holds min(p - i, m) of them, so the first stage holds up to p. With activation
 checkpointing a layer keeps only its input, and backward recomputes one layer at a time.
-Backward's largest transient joins them: a recomputed layer's full set, or the loss's float32
-gradient of the logits, allocated while the logits and their softmax are still kept.
+Backward's largest transient joins them: a recomputed layer's full set, or the loss's backward
+(the gradients of its float32 log-softmax and of the logits, beside the log-softmax it keeps).
 
 Context parallelism (cp ranks share each sequence, zoo.parallel.context) divides the tokens of
 a micro-batch by cp; each layer then keeps the whole sequence's keys and values (the gathered
 tensors attention saves, kv_width a token) in place of its own share's, and the chunks' masks
 where they are built (documents; the CPU's kernels: c x (2cp+1)c of them, c = T / 2cp), unless
 the gather and attention are recomputed in the backward (parallel.cp_recompute, or activation
-checkpointing): then one layer's gathered keys and values are a transient of the backward. The
+checkpointing): then one layer's gathered keys and values are a transient of the backward and
+the masks are boolean. Kept, a layer also keeps `ModelDesc.cp_kept_extra` a local token. The
 model states are partitioned over dp x cp.
 
 Buffers are DeepSpeed's: the gradient reduce bucket of ZeRO 1-3 (allocated at its full
@@ -156,15 +157,17 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
     in_flight = min(lay.pp - stage, lay.grad_accum)
     activations = in_flight * tokens * kept
     layers = stage_layers(desc, lay.pp, stage)
+    # cp's masks are boolean where its attention alone is recomputed (zoo.parallel.context.masks)
+    mask_elt = 1 if lay.cp > 1 and cp_recompute and not lay.activation_checkpointing else elt
     if document_mask and layers:  # (B, 1, T, T); under cp each chunk's rows over the keys before its end
-        activations += in_flight * lay.micro_batch_size * _mask_elems(desc.tokens_per_sample, lay.cp) * elt
+        activations += in_flight * lay.micro_batch_size * _mask_elems(desc.tokens_per_sample, lay.cp) * mask_elt
     elif builds_causal_masks and lay.cp > 1 and layers:  # one (c, keys) mask a chunk, whatever the batch
-        activations += in_flight * _mask_elems(desc.tokens_per_sample, lay.cp) * elt
+        activations += in_flight * _mask_elems(desc.tokens_per_sample, lay.cp) * mask_elt
     # cp: a layer keeps the gathered keys and values of the whole sequence (its own share is counted above)
     gathered = lay.micro_batch_size * desc.tokens_per_sample * (1 - 1 / lay.cp) * desc.kv_width / tp * elt
     regathered = lay.activation_checkpointing or cp_recompute  # in the backward, one layer at a time
     if not regathered:
-        activations += in_flight * len(layers) * gathered
+        activations += in_flight * len(layers) * (gathered + tokens * desc.cp_kept_extra / tp * elt)
     # Transients of backward, one piece at a time: a recomputed layer's full set (activation
     # checkpointing), or what a piece's backward allocates beside what it keeps (the logits' gradient).
     transient = max([p.backward_extra.bytes_per_token(elt, tp, sp) for p in pieces]

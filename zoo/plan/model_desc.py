@@ -101,6 +101,12 @@ class ModelDesc:
     kv_width: int = 0
     """Elements per token of one layer's keys and values together (2 x n_kv_head x head_dim): what
     context parallelism all-gathers and keeps whole; 0: the family has no context parallelism."""
+    cp_kept_extra: int = 0
+    """Elements a token of a cp rank's share keeps in a layer, besides the gathered keys and values,
+    where cp's attention is not recomputed (parallel.cp_recompute=false): the attention's output
+    twice (each chunk's, which SDPA keeps, and their concatenation, which the output projection
+    keeps), and where the keys and values come out of one projection with the queries (GPT's
+    c_attn), the rank's own keys and values again inside it (the queries keep it)."""
 
     @property
     def n_layer(self) -> int:

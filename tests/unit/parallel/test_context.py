@@ -81,3 +81,21 @@ def test_attention_within_documents_that_span_the_ranks_is_one_devices():
 
 def test_the_blocks_mean_loss_is_on_every_rank_and_its_gradient_shared():
     run_ranks(2, _loss_matches)
+
+
+def test_the_cpu_masks_are_boolean_unless_each_layer_keeps_its_own():
+    """Recomputed (or not differentiated), SDPA's float copy of a mask is a transient of one call:
+    the shard keeps a byte an element. Kept for the backward by every layer's SDPA, the additive
+    mask in the attention's dtype is the one they keep."""
+    def dtype_of(recompute: bool, grad: bool) -> torch.dtype:
+        shard = ContextShard(None, 0, 2, recompute=recompute)
+        shard.unbuilt_causal = False
+        shard.share(torch.zeros(1, 16, dtype=torch.int64), None)
+        with torch.set_grad_enabled(grad):
+            masks = shard.masks(4, torch.bfloat16, torch.device("cpu"))
+        assert [tuple(m.shape) for m in masks] == [(4, 4), (4, 16)]
+        return masks[0].dtype
+
+    assert dtype_of(recompute=True, grad=True) == torch.bool
+    assert dtype_of(recompute=False, grad=False) == torch.bool
+    assert dtype_of(recompute=False, grad=True) == torch.bfloat16

@@ -35,16 +35,20 @@ def test_a_rank_keeps_its_share_and_what_cp_adds():
     desc = llama()
     one, two = _acts(desc, 1), _acts(desc, 2)
     gathered = T / 2 * desc.kv_width * 2  # a layer's keys and values of the other rank's half, bf16
-    kept = _acts(desc, 2, cp_recompute=False)
-    assert kept.activations - two.activations == pytest.approx((desc.n_layer - 1) * gathered)
+    kept = _acts(desc, 2, cp_recompute=False)  # and the attention's output twice, its share's tokens
+    assert desc.cp_kept_extra == desc.hidden_size
+    assert kept.activations - two.activations == pytest.approx(
+        (desc.n_layer - 1) * gathered + desc.n_layer * T / 2 * desc.cp_kept_extra * 2)
     share = one.activations - T * desc.head.backward_extra.bytes_per_token(2, 1, False)  # less the transient
     assert two.activations - gathered - T / 2 * desc.head.backward_extra.bytes_per_token(2, 1, False) == \
         pytest.approx(share / 2)
     masked = _acts(desc, 2, builds_causal_masks=True)
     c = T / 4
-    assert masked.activations - two.activations == pytest.approx(c * 5 * c * 2)  # c x (2cp + 1)c, bf16
+    assert masked.activations - two.activations == pytest.approx(c * 5 * c)  # c x (2cp + 1)c, boolean
     docs = _acts(desc, 2, document_mask=True)  # the documents' mask is the chunks' rows too
-    assert docs.activations - two.activations == pytest.approx(c * 5 * c * 2)
+    assert docs.activations - two.activations == pytest.approx(c * 5 * c)
+    kept_masks = _acts(desc, 2, builds_causal_masks=True, cp_recompute=False)  # additive, in bf16: SDPA keeps them
+    assert kept_masks.activations - kept.activations == pytest.approx(c * 5 * c * 2)
     assert _acts(desc, 1, document_mask=True).activations - one.activations == pytest.approx(T * T * 2)
 
 

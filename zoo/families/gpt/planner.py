@@ -41,17 +41,20 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
                       activations=Activations(sp_bytes=h if dropout else 0),
                       checkpoint=Activations(sp_bytes=h if dropout else 0), fwd_flops_per_token=0,
                       tp_allreduce_elems_per_token=h)  # the vocab-parallel lookup's sum (forward)
-    # ln_f (lm_head is wte). Kept: ln_f and lm_head inputs (h each), the logits (V/tp in the
-    # dtype) and the loss's float32 softmax over them (V/tp * 4 bytes, Korthikanti's 4sbv/t).
+    # ln_f (lm_head is wte). Kept: ln_f and lm_head inputs (h each) and the loss's float32
+    # log-softmax (V/tp * 4 bytes, Korthikanti's 4sbv/t); the logits themselves are not kept
+    # (the log-softmax's backward reads its output). The loss's backward allocates the gradient
+    # of the log-softmax (float32) and of the logits (counted as V/tp in the dtype) beside it.
     head = Piece(params=ParamCount(replicated=2 * h),
-                 activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
-                 checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
-                 fwd_flops_per_token=2 * v * h, backward_extra=Activations(tp_bytes=4 * v),
+                 activations=Activations(sp_elems=2 * h, tp_bytes=4 * v),
+                 checkpoint=Activations(sp_elems=2 * h, tp_bytes=4 * v),
+                 fwd_flops_per_token=2 * v * h, backward_extra=Activations(tp_elems=v, tp_bytes=4 * v),
                  tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward); the loss's are scalars
     vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
     overrides = ", ".join(f"{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
                           if getattr(cfg, k) is not None)
     return ModelDesc(name=f"gpt {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
                      layers=(layer,) * d.n_layer, head=head, head_ties_embedding=True, tokens_per_sample=s, hidden_size=h, gemm_shape=(h, h), kv_width=2 * h,
+                     cp_kept_extra=3 * h,  # the attention output twice over h, the share's keys and values in c_attn's output
                      tp_divides={"model.n_head": a, "the FFN width": f,
                                  vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})

@@ -41,13 +41,15 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
                   tp_allreduce_elems_per_token=4 * h)
     embedding = Piece(params=ParamCount(sharded=v * h), activations=Activations(), checkpoint=Activations(),
                       fwd_flops_per_token=0, tp_allreduce_elems_per_token=h)  # the vocab-parallel lookup's sum
-    # model.norm and lm_head. Kept: the norm's and lm_head's inputs (h each), the
-    # logits (V/tp in the dtype) and the loss's float32 softmax over them (V/tp * 4 bytes).
+    # model.norm and lm_head. Kept: the norm's input and normalised input (x * rsqrt) and
+    # lm_head's input (h each, as a layer's RMSNorms keep them) and the loss's
+    # float32 log-softmax (V/tp * 4 bytes; not the logits, which its backward does not read). The
+    # loss's backward allocates the gradients of the log-softmax and of the logits beside it.
     tied = d.tie_embeddings  # the head is the embedding: no parameters of its own (a copy on pp's last stage)
     head = Piece(params=ParamCount(sharded=0 if tied else v * h, replicated=h),
-                 activations=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
-                 checkpoint=Activations(sp_elems=2 * h, tp_elems=v, tp_bytes=4 * v),
-                 fwd_flops_per_token=2 * v * h, backward_extra=Activations(tp_bytes=4 * v),
+                 activations=Activations(sp_elems=3 * h, tp_bytes=4 * v),
+                 checkpoint=Activations(sp_elems=3 * h, tp_bytes=4 * v),
+                 fwd_flops_per_token=2 * v * h, backward_extra=Activations(tp_elems=v, tp_bytes=4 * v),
                  tp_allreduce_elems_per_token=h)  # lm_head's input gradient (backward)
     vocab_key = "model.vocab_size" if cfg.vocab_size is not None else "model.vocab_pad_multiple"
     keys = ("n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "block_size", "vocab_size")
@@ -55,6 +57,7 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     return ModelDesc(name=f"llama {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
                      layers=(layer,) * d.n_layer, head=head, head_ties_embedding=tied, tokens_per_sample=s,
                      hidden_size=h, gemm_shape=(h, min(h, kv)), kv_width=2 * kv,
+                     cp_kept_extra=q,  # the attention output twice (separate k and v projections: not kept)
                      tp_divides={"model.n_head": d.n_head, "model.n_kv_head": d.n_kv_head,
                                  "model.intermediate_size": inter,
                                  vocab_key: cfg.vocab_size if cfg.vocab_size is not None else cfg.vocab_pad_multiple})
