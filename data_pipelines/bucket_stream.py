@@ -39,7 +39,7 @@ class PooledBuckets:
     order = "bucketed-pools"  # what a checkpoint records (the trainer's data_order)
 
     def __init__(self, num_samples: int, length_of: Callable[[np.ndarray], np.ndarray], *, global_batch: int,
-                 seed: int, pool_batches: int = POOL_BATCHES, legacy: Optional[Callable[[], object]] = None):
+                 seed: int, pool_batches: int = POOL_BATCHES, legacy: Optional[Callable[[Optional[str]], object]] = None):
         if num_samples < global_batch:
             raise ValueError(f"{num_samples} samples hold no global batch of {global_batch}")
         self.num_samples, self.length_of, self.seed = num_samples, length_of, seed
@@ -115,9 +115,10 @@ class PooledBuckets:
 
     # -- resuming -------------------------------------------------------------------------------
     def restored(self, saved: Optional[str]):
-        """The stream a checkpoint written with order `saved` goes on with: this one, or the
-        whole-epoch `BucketedStream` of runs started before this order (recorded as "bucketed",
-        or nothing before orders were recorded), so an epoch goes on as it began."""
+        """The stream a checkpoint written with order `saved` goes on with: this one, or
+        `legacy(saved)`, the order of runs started before this one was (BERT's whole-epoch
+        `BucketedStream`, recorded as "bucketed" or as nothing; a chat run's unbucketed order), so
+        an epoch goes on as it began."""
         if saved == self.order or self._legacy is None:
             return self
-        return self._legacy()
+        return self._legacy(saved)

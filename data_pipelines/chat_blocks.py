@@ -6,11 +6,13 @@ whole, each followed by the separator (but at a block's end; a token none of the
 data.document_mask it ends a document, so no conversation attends to another and positions
 restart), each into the first of the open blocks it fits (first fit), the rest of a block
 filled with the separator (`packing`: true). `packing: false` gives every
-conversation a block of its own. A conversation longer than the block is cut at its end
-(`truncate: end`) or refused (`truncate: refuse`). The directory holds tokens-00000.bin (as
-data_pipelines.prepare writes them: data=prepared reads it), mask-00000.bin (uint8, 1 where
-the token is a target) and meta.json (`format: zoo-chat-1`, the block size it was packed for,
-what was counted).
+conversation a row of its own, which training cuts to the longest row of each micro-batch
+(`row_lengths`; zoo.families.causal_lm_task orders them by length). A conversation longer than
+the block is cut at its end (`truncate: end`) or refused (`truncate: refuse`). The directory
+holds tokens-00000.bin (as data_pipelines.prepare writes them: data=prepared reads it),
+mask-00000.bin (uint8, 1 where the token is a target), lengths-00000.npy (each row's tokens
+before its padding: a directory written before it has them counted from the rows when asked)
+and meta.json (`format: zoo-chat-1`, the block size it was packed for, what was counted).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from data_pipelines.text_sources import DataError
 
 FORMAT = "zoo-chat-1"
 TRUNCATE = ("end", "refuse")
+LENGTHS = "lengths-00000.npy"
 
 
 def pick_separator(tokenizer, conversations: List[np.ndarray]) -> int:
@@ -109,6 +112,17 @@ def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size
     return tokens, masks, counts
 
 
+def row_lengths(rows: np.ndarray, separator: int) -> np.ndarray:
+    """Each row's tokens up to its last conversation's separator (the padding after it left
+    out; a row that ends inside a conversation: the whole row), int32."""
+    rows = np.atleast_2d(rows)
+    width = rows.shape[1]
+    held = rows != separator
+    last = width - 1 - np.argmax(held[:, ::-1], axis=1)  # the last token that is no separator
+    used = np.where(held.any(axis=1), last + 2, 1)
+    return np.minimum(used, width).astype(np.int32)
+
+
 def write(out: Path, tokens: np.ndarray, mask: np.ndarray, *, vocab: int, separator: int, block_size: int,
           tokenizer_dir: str, meta: dict) -> dict:
     """The prepared directory `out`, its meta.json written last (under a temporary name, then
@@ -122,6 +136,7 @@ def write(out: Path, tokens: np.ndarray, mask: np.ndarray, *, vocab: int, separa
     flat, flat_mask = tokens.reshape(-1).astype(dtype), mask.reshape(-1).astype(np.uint8)
     flat.tofile(out / "tokens-00000.bin")
     flat_mask.tofile(out / "mask-00000.bin")
+    np.save(out / LENGTHS, row_lengths(tokens, separator) if len(tokens) else np.zeros(0, np.int32))
     np.save(out / "unigram_counts.npy", np.bincount(flat, minlength=vocab)[:vocab].astype(np.int64))
     save_tokenizer(tokenizer_dir, out / "tokenizer")
     record = {"format": FORMAT, "dtype": dtype.name, "tokens": int(flat.size), "eos_id": int(separator),
@@ -145,10 +160,18 @@ def is_chat(directory: Path) -> bool:
 
 
 class _MaskedRows:
-    """Rows of a split: (tokens, mask) of width block_size + 1, read when indexed."""
+    """Rows of a split: (tokens, mask) of width block_size + 1, read when indexed; `lengths`:
+    the input tokens a row needs (its tokens before the padding, less the last one's place)."""
 
-    def __init__(self, tokens: np.memmap, mask: np.memmap, width: int, index: BlockSplit):
+    def __init__(self, tokens: np.memmap, mask: np.memmap, width: int, index: BlockSplit,
+                 used: Optional[np.ndarray] = None, separator: Optional[int] = None):
         self.tokens, self.mask, self.width, self.index = tokens, mask, width, index
+        self.used, self.separator = used, separator
+
+    def lengths(self, i) -> np.ndarray:
+        rows = np.atleast_1d(self.index[i])
+        used = self.used[rows] if self.used is not None else row_lengths(self._rows(self.tokens, i), self.separator)
+        return np.maximum(np.asarray(used, dtype=np.int64) - 1, 1)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -172,7 +195,8 @@ def _open(directory: Path, block_size: int, name: str):
                         f"model.block_size={meta['block_size']})")
     tokens = np.memmap(directory / meta["shards"][0]["file"], dtype=np.dtype(meta["dtype"]), mode="r")
     mask = np.memmap(directory / meta["mask_shards"][0]["file"], dtype=np.uint8, mode="r")
-    return meta, tokens, mask, len(tokens) // (block_size + 1)
+    used = np.load(directory / LENGTHS, mmap_mode="r") if (directory / LENGTHS).exists() else None
+    return meta, tokens, mask, len(tokens) // (block_size + 1), used
 
 
 class ChatBlocks:
@@ -183,18 +207,20 @@ class ChatBlocks:
                  eval_directory: Optional[Path] = None, *, names: tuple = ()):
         width = block_size + 1
         name = names[0] if names else str(directory)
-        meta, tokens, mask, n = _open(Path(directory), block_size, name)
+        meta, tokens, mask, n, used = _open(Path(directory), block_size, name)
+        sep = int(meta["eos_id"])
         if n < (1 if eval_directory else 2):
             raise DataError(f"{name} packs into {n} block(s) of {width} tokens; give more conversations (at least two "
                             f"blocks: one to hold out) or a smaller model.block_size")
         if eval_directory is None:
-            self.train = _MaskedRows(tokens, mask, width, BlockSplit(n, eval_fraction, held=False))
-            self.eval = _MaskedRows(tokens, mask, width, BlockSplit(n, eval_fraction, held=True))
+            self.train = _MaskedRows(tokens, mask, width, BlockSplit(n, eval_fraction, held=False), used, sep)
+            self.eval = _MaskedRows(tokens, mask, width, BlockSplit(n, eval_fraction, held=True), used, sep)
         else:
             held_name = names[1] if len(names) > 1 else str(eval_directory)
-            _, held_tokens, held_mask, held_n = _open(Path(eval_directory), block_size, held_name)
-            self.train = _MaskedRows(tokens, mask, width, BlockSplit(n, 0.0, held=False))
-            self.eval = _MaskedRows(held_tokens, held_mask, width, BlockSplit(held_n, 0.0, held=False))
+            held_meta, held_tokens, held_mask, held_n, held_used = _open(Path(eval_directory), block_size, held_name)
+            self.train = _MaskedRows(tokens, mask, width, BlockSplit(n, 0.0, held=False), used, sep)
+            self.eval = _MaskedRows(held_tokens, held_mask, width, BlockSplit(held_n, 0.0, held=False), held_used,
+                                    int(held_meta["eos_id"]))
         self.meta = {**{k: v for k, v in meta.items() if k not in ("shards", "mask_shards")}, "shards": 1,
                      "tail_tokens_dropped": 0, "train_blocks": len(self.train), "eval_blocks": len(self.eval)}
         self.unigram_counts = np.load(Path(directory) / "unigram_counts.npy")

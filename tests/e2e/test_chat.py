@@ -2,7 +2,10 @@
 fine-tuned on generated conversations trains the same in one process, under dp2 (with
 gradient accumulation), tp2 and pp2 (losses and held-out losses within 1e-5: each micro-batch
 counts its own assistant tokens, weighed into the global batch's mean); a resume mid-epoch on
-another layout continues the same conversations; a bad record stops the start in one line."""
+another layout continues the same conversations; with data.packing=false (a row a
+conversation, length-bucketed, each micro-batch cut to its longest) likewise under dp2, pp2,
+cp2 and tp2 with sequence parallelism, and a resume goes on in the bucketed order; a bad
+record stops the start in one line."""
 from __future__ import annotations
 
 import json
@@ -74,6 +77,49 @@ def test_a_resume_mid_epoch_on_another_layout_continues_the_same_conversations(r
     resumed = run_zoo(*STEPS, *chat_setup, "parallel=ddp", "parallel.dp=2", "trainer.micro_batch_size=3",
                       f"resume={step3}", "trainer.sample_tokens=0")
     want = {m["step"]: m["loss"] for m in one_process.metrics if "loss" in m and m["step"] > 3}
+    got = {m["step"]: m["loss"] for m in resumed.metrics if "loss" in m and m["step"] > 3}
+    assert sorted(got) == [4, 5, 6]
+    torch.testing.assert_close(torch.tensor([got[s] for s in sorted(got)]), torch.tensor([want[s] for s in sorted(got)]),
+                               rtol=1e-5, atol=0)
+
+
+@pytest.fixture(scope="module")
+def unpacked(run_zoo, chat_setup, tmp_path_factory):
+    return run_zoo(*STEPS, *chat_setup, "data.packing=false", "parallel=ddp", "trainer.micro_batch_size=12",
+                   "checkpoint.every=3", "trainer.sample_tokens=0", run_dir=tmp_path_factory.mktemp("unpacked") / "run")
+
+
+def test_unpacked_conversations_are_ordered_by_length_and_cut_to_each_micro_batchs_longest(unpacked):
+    """data.packing=false: a row a conversation, the rows in length buckets, a micro-batch as
+    long as its longest row: far less padding than a block a conversation."""
+    out = unpacked.stdout + unpacked.stderr
+    assert "conversations of up to 128 tokens, a row each, a micro-batch cut to its longest (data.packing=false: " in out
+    state = json.loads((unpacked.run_dir / "checkpoints" / "step_0000003" / "state.json").read_text())
+    assert state["data_order"] == "bucketed-pools"
+    rows = unpacked.summary["data"]
+    block_padding = rows["padding_tokens"] / (rows["conversations"] * 129)  # the rows' padding to the block
+    assert unpacked.summary["padding_efficiency"] > 1.5 * (1 - block_padding), (unpacked.summary["padding_efficiency"],
+                                                                                 block_padding)
+
+
+@pytest.mark.parametrize("layout", [["parallel=ddp", "parallel.dp=2", "trainer.micro_batch_size=2"], ["parallel=pp"],
+                                    ["parallel=cp", "trainer.micro_batch_size=12"],
+                                    ["parallel=tp", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"]],
+                         ids=["dp2-accum3", "pp2", "cp2", "tp2-sp"])
+def test_unpacked_conversations_train_as_one_process(run_zoo, chat_setup, unpacked, layout):
+    """Micro-batches of other lengths on every layout (a pipeline takes each one's shape; cp and
+    sp round the length up to what they split): the same losses as one process."""
+    run = run_zoo(*STEPS, *chat_setup, "data.packing=false", *layout, "trainer.sample_tokens=0")
+    torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(unpacked.losses()), rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.tensor(list(run.evals().values())),
+                               torch.tensor(list(unpacked.evals().values())), rtol=1e-5, atol=0)
+
+
+def test_an_unpacked_run_resumes_its_bucketed_order_on_another_layout(run_zoo, chat_setup, unpacked):
+    resumed = run_zoo(*STEPS, *chat_setup, "data.packing=false", "parallel=ddp", "parallel.dp=2",
+                      "trainer.micro_batch_size=3", f"resume={unpacked.run_dir / 'checkpoints' / 'step_0000003'}",
+                      "trainer.sample_tokens=0")
+    want = {m["step"]: m["loss"] for m in unpacked.metrics if "loss" in m and m["step"] > 3}
     got = {m["step"]: m["loss"] for m in resumed.metrics if "loss" in m and m["step"] > 3}
     assert sorted(got) == [4, 5, 6]
     torch.testing.assert_close(torch.tensor([got[s] for s in sorted(got)]), torch.tensor([want[s] for s in sorted(got)]),

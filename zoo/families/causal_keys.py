@@ -26,7 +26,8 @@ class DocumentDataKeys:
     `chatml` (ChatML turns, the assistant's marked for masking); or a .jinja file."""
     packing: bool = True
     """data=chat: conversations packed whole into each block, in order (with data.document_mask:
-    none sees another); false: one conversation a block, the rest padding."""
+    none sees another); false: a row a conversation, the rows in length buckets (BERT's pooled
+    order), each micro-batch cut to its longest row (whole blocks under pp x tp)."""
     truncate: str = "end"
     """data=chat: a conversation longer than model.block_size is cut at its `end` (counted in
     the start line) or `refuse`d, naming its file and line."""

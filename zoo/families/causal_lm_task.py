@@ -56,13 +56,49 @@ class CausalLMTask(TextDocuments, Task):
         self.eod_masked = int(self.blocks.meta["eos_id"]) if cfg.data.eod_mask_loss else None
         self.chat = hasattr(self.blocks.train, "masks")  # conversations: targets only where the mask says
         self.weighs_tokens = self.eod_masked is not None or self.chat
+        # data.packing=false: a conversation a row, ordered by length, a micro-batch cut to its longest
+        self.bucketed = self.chat and not self.blocks.meta.get("packing", True)
+        self.pad_to, self.multiple, self.mean_length = None, 1, None
+        if self.bucketed:
+            self._bucket_rows()
+
+    def _bucket_rows(self) -> None:
+        """data.packing=false: the rows in length-bucketed global batches (BERT's pooled order,
+        data_pipelines.bucket_stream), a micro-batch cut to its longest row, rounded up to what
+        the layout splits (2 x cp chunks; tp under sequence parallelism, of a cp rank's share);
+        whole blocks under pp x tp (DeepSpeed keeps the first micro-batch's shape for the
+        activations it splits over tp), else the pipeline takes each micro-batch's shape."""
+        from data_pipelines.bucket_stream import PooledBuckets
+        from data_pipelines.schedule import restore_order
+
+        cfg, layout, rows = self.cfg, self.layout, self.blocks.train
+        n, batch, seed = len(rows), cfg.trainer.global_batch_size, cfg.trainer.seed
+        if n < batch:  # the length buckets hold whole global batches
+            from zoo.run.errors import DataError
+
+            raise DataError(f"data.path={cfg.data.path} holds {n} training conversations with data.packing=false, "
+                            f"fewer than one global batch (trainer.global_batch_size={batch}); give more "
+                            f"conversations, lower trainer.global_batch_size to at most {n}, or pack them "
+                            f"(data.packing=true)")
+
+        def unbucketed(saved):  # a checkpoint of a run that padded every conversation to the block
+            return restore_order(SampleStream(n, seed), saved)
+
+        self.stream = PooledBuckets(n, rows.lengths, global_batch=batch, seed=seed, legacy=unbucketed)
+        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
+        chunks = 2 * layout.cp if layout.cp > 1 else 1
+        split = layout.cp * layout.tp if cfg.parallel.sequence_parallel and layout.tp > 1 else 1
+        self.multiple = math.lcm(chunks, split)
+        spread = np.linspace(0, n - 1, num=min(n, 10_000)).astype(np.int64)  # an estimate, O(10,000) rows
+        self.mean_length = float(rows.lengths(spread).mean())
 
     def build_options(self, grid) -> dict:
         from zoo.parallel.context import context_shard
 
         recompute = self.cfg.parallel.cp_recompute and not self.cfg.model.activation_checkpointing  # (the layer is)
         return {**super().build_options(grid), "document_end": self.document_end,
-                "context": context_shard(grid, recompute=recompute)}
+                "context": context_shard(grid, recompute=recompute),
+                "dynamic_shape": self.bucketed and self.pad_to is None}  # a pipeline's micro-batches vary
 
     def plain_model(self) -> nn.Module:
         model = super().plain_model()
@@ -227,7 +263,19 @@ class CausalLMTask(TextDocuments, Task):
         return float(np.exp(-logp[held].mean()))
 
     def tokens_per_sample(self) -> int:
-        return self.shape.block_size
+        """A block's tokens; with data.packing=false a conversation's (the training rows' mean)."""
+        return self.shape.block_size if self.mean_length is None else int(round(self.mean_length))
+
+    def padding_efficiency(self) -> float:
+        """Real tokens / padded slots over the run's training micro-batches (data.packing=false;
+        packed blocks: 1)."""
+        if not self.bucketed:
+            return 1.0
+        from zoo.engine import micro_batching
+
+        t = self.cfg.trainer
+        micro = micro_batching(t, self.cfg.parallel, self.layout)[0]
+        return self.stream.padding_efficiency(t.max_steps * t.global_batch_size, micro, pad_to=self.pad_to)
 
     def sample_noun(self) -> str:
         masked = ", attending within documents" if self.document_end is not None else ""
@@ -237,6 +285,9 @@ class CausalLMTask(TextDocuments, Task):
             masked += (f"; {m.get('conversations', 0):,} conversations, {m.get('supervised_tokens', 0):,} target "
                        f"tokens (data.train_on={m.get('train_on', self.cfg.data.train_on)}), "
                        f"{m.get('truncated', 0):,} truncated, {m.get('padding_tokens', 0):,} padding")
+        if self.bucketed:
+            return (f"conversations of up to {self.shape.block_size} tokens, a row each, a micro-batch cut to its "
+                    f"longest (data.packing=false: {self.mean_length:.0f} tokens on average{masked})")
         return (f"blocks of {self.shape.block_size} tokens ({self.stream.num_samples * self.shape.block_size:,} "
                 f"tokens{masked})")
 
@@ -248,6 +299,10 @@ class CausalLMTask(TextDocuments, Task):
             y = y.masked_fill(torch.from_numpy(rows.masks(indices)[:, 1:] == 0), IGNORE)
         if self.eod_masked is not None:  # in training and evaluation alike, as Megatron's --eod-mask-loss
             y = y.masked_fill(x == self.eod_masked, IGNORE)
+        if self.bucketed:  # cut to the longest row: the padding past it predicts nothing
+            m = self.multiple
+            T = self.pad_to or min(self.shape.block_size, -(-int(rows.lengths(indices).max()) // m) * m)
+            x, y = x[:, :T], y[:, :T]
         return x, y
 
     def num_eval(self) -> int:

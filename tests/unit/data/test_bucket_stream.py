@@ -25,7 +25,7 @@ def _stream(lengths, batch, seed=4, pool_batches=5, asked=None):
         return lengths[positions]
 
     return PooledBuckets(len(lengths), length_of, global_batch=batch, seed=seed, pool_batches=pool_batches,
-                         legacy=lambda: BucketedStream(lengths, global_batch=batch, seed=seed))
+                         legacy=lambda _saved: BucketedStream(lengths, global_batch=batch, seed=seed))
 
 
 @pytest.mark.parametrize("n,batch", [(1003, 8), (64, 64), (650, 16), (97, 4)])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from data_pipelines.chat import CHATML, ChatRenderer, load_template, open_chat, to_messages
-from data_pipelines.chat_blocks import ChatBlocks, pack, pick_separator, write
+from data_pipelines.chat_blocks import ChatBlocks, pack, pick_separator, row_lengths, write
 from data_pipelines.chat_synthetic import conversation, write_chat_tokenizer
 from data_pipelines.text_sources import DataError
 
@@ -117,6 +117,8 @@ def test_packing_keeps_conversations_whole_and_refuses_or_cuts_long_ones():
     assert len(cut) == 0 and dropped["dropped_no_target_left"] == 1  # its only target was cut off
     one_each, _, _ = pack(iter(convs[:3]), 11, separator=99, packing=False)
     assert one_each.shape == (3, 12)
+    assert row_lengths(one_each, 99).tolist() == [6, 7, 5]  # each conversation and its separator
+    assert row_lengths(tokens, 99).tolist() == [12, 12, 5]  # packed: up to the last one's separator; cut: whole
     with pytest.raises(DataError, match=r"f line 3: the conversation is 14 tokens, more than a block's 12 "):
         pack(iter(convs), 11, separator=99, truncate="refuse")
 
@@ -223,3 +225,20 @@ def test_a_prepared_chat_directory_given_as_data_path_is_checked_before_anything
     masks.write_bytes(bytes(data))
     with pytest.raises(ConfigError, match=rf"^data.path={tmp_path / 'd'}: {masks} fails its checksum .*rebuild it"):
         check_paths(cfg, family("llama"))
+
+
+def test_unpacked_rows_know_their_lengths_also_in_a_directory_written_before_them(tok, tmp_path):
+    """data.packing=false: a row's input tokens (its conversation's, the separator after it
+    predicting nothing), read from lengths-00000.npy, or counted from the rows without it."""
+    renderer = ChatRenderer(tok, None, "assistant")
+    rendered = [(f"c{i}", *renderer.render(m, "x")) for i, m in enumerate(_conversations(6))]
+    sep = pick_separator(tok, [r[1] for r in rendered])
+    tokens, mask, _ = pack(iter(rendered), 160, sep, packing=False)
+    write(tmp_path / "d", tokens, mask, vocab=len(tok), separator=sep, block_size=160,
+          tokenizer_dir=tok.name_or_path, meta={"packing": False})
+    want = [len(ids) for _, ids, _ in rendered]
+    rows = ChatBlocks(tmp_path / "d", 160, 0.0).train
+    assert rows.lengths(np.arange(6)).tolist() == want and max(want) < 160
+    assert rows.lengths(np.array([4, 1])).tolist() == [want[4], want[1]]
+    (tmp_path / "d" / "lengths-00000.npy").unlink()
+    assert ChatBlocks(tmp_path / "d", 160, 0.0).train.lengths(np.arange(6)).tolist() == want

@@ -45,7 +45,7 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
         def length_of(positions: np.ndarray) -> np.ndarray:  # positions in the training set
             return samples.length_of(samples.train[positions])
 
-        def legacy() -> BucketedStream:  # the order of checkpoints written before PooledBuckets
+        def legacy(_saved) -> BucketedStream:  # the order of checkpoints written before PooledBuckets
             return BucketedStream(length_of(np.arange(n_train)), global_batch=batch, seed=seed)
 
         self.stream = PooledBuckets(n_train, length_of, global_batch=batch, seed=seed, legacy=legacy)
