@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -34,9 +34,14 @@ LENGTHS = "lengths-00000.npy"
 def pick_separator(tokenizer, conversations: List[np.ndarray]) -> int:
     """The token that separates conversations: the first of eos, pad and bos that no
     conversation holds (a chat model's eos often ends every turn: Qwen's <|im_end|>)."""
-    held = set()
-    for ids in conversations:
-        held.update(np.unique(ids).tolist())
+    held = np.unique(np.concatenate([np.asarray(ids, dtype=np.int64) for ids in conversations])) if conversations \
+        else np.zeros(0, np.int64)
+    return separator_not_in(tokenizer, held)
+
+
+def separator_not_in(tokenizer, held) -> int:
+    """`pick_separator` given the ids the conversations hold (any collection of ints)."""
+    held = set(np.asarray(held).tolist())
     names = ("eos_token_id", "pad_token_id", "bos_token_id")
     for name in names:
         token = getattr(tokenizer, name, None)
@@ -51,30 +56,31 @@ OPEN_BLOCKS = 64
 """Blocks packing keeps open at once: a conversation goes into the first of them it fits."""
 
 
-def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size: int, separator: int, *,
-         packing: bool = True, truncate: str = "end") -> Tuple[np.ndarray, np.ndarray, Dict[str, int]]:
-    """(where, ids, mask) in order -> (tokens, mask, counts), each of n x (block_size + 1).
-    Packing is first fit over the last OPEN_BLOCKS blocks opened (a short conversation fills the
-    room an earlier long one left; the oldest block is closed when a new one would be the
-    65th), deterministic: the same blocks for the same conversations."""
+def pack_rows(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size: int, separator: int,
+              counts: Dict[str, int], *, packing: bool = True,
+              truncate: str = "end") -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """(where, ids, mask) in order -> (tokens, mask) rows of block_size + 1 as blocks close,
+    `counts` filled on the way. Packing is first fit over the last OPEN_BLOCKS blocks opened (a
+    short conversation fills the room an earlier long one left; the oldest block is closed
+    when a new one would be the 65th), deterministic: the same blocks for the same
+    conversations. A conversation is held only until its block closes."""
     if truncate not in TRUNCATE:
         raise DataError(f"data.truncate={truncate!r}; use one of {', '.join(TRUNCATE)}")
     width = block_size + 1
-    tokens: List[np.ndarray] = []
-    masks: List[np.ndarray] = []
-    counts = {"conversations": 0, "truncated": 0, "dropped_no_target_left": 0, "padding_tokens": 0,
-              "supervised_tokens": 0}
+    for key in ("conversations", "truncated", "dropped_no_target_left", "padding_tokens", "supervised_tokens"):
+        counts.setdefault(key, 0)
     blocks: List[dict] = []  # open, in the order opened: {"t": [...], "m": [...], "used": n}
 
-    def close(block: dict) -> None:
+    def close(block: dict) -> Tuple[np.ndarray, np.ndarray]:
         pad = width - block["used"]
         if pad:
             block["t"].append(np.full(pad, separator, dtype=np.int64))
             block["m"].append(np.zeros(pad, dtype=np.uint8))
             counts["padding_tokens"] += pad
-        tokens.append(np.concatenate(block["t"]))
-        masks.append(np.concatenate(block["m"]))
         del blocks[next(i for i, b in enumerate(blocks) if b is block)]  # by identity (== compares arrays)
+        row, row_mask = np.concatenate(block["t"]), np.concatenate(block["m"])
+        counts["supervised_tokens"] += int(row_mask[1:].sum())  # a block's first token is no one's target
+        return row, row_mask
 
     for where, ids, mask in conversations:
         if len(ids) > width:  # a block holds block_size + 1 tokens: block_size inputs and their targets
@@ -90,7 +96,7 @@ def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size
         block = next((b for b in blocks if b["used"] + len(ids) <= width), None) if packing else None
         if block is None:
             if len(blocks) >= (OPEN_BLOCKS if packing else 1):
-                close(blocks[0])
+                yield close(blocks[0])
             block = {"t": [], "m": [], "used": 0}
             blocks.append(block)
         block["t"].append(np.asarray(ids, dtype=np.int64))
@@ -102,14 +108,20 @@ def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size
             block["used"] += 1
         counts["conversations"] += 1
         if block["used"] >= width:
-            close(block)
+            yield close(block)
     while blocks:
-        close(blocks[0])
-    if not tokens:
+        yield close(blocks[0])
+
+
+def pack(conversations: Iterable[Tuple[str, np.ndarray, np.ndarray]], block_size: int, separator: int, *,
+         packing: bool = True, truncate: str = "end") -> Tuple[np.ndarray, np.ndarray, Dict[str, int]]:
+    """`pack_rows` gathered: (tokens, mask, counts), each of n x (block_size + 1)."""
+    counts: Dict[str, int] = {}
+    rows = list(pack_rows(conversations, block_size, separator, counts, packing=packing, truncate=truncate))
+    width = block_size + 1
+    if not rows:
         return np.zeros((0, width), np.int64), np.zeros((0, width), np.uint8), counts
-    tokens, masks = np.stack(tokens), np.stack(masks)
-    counts["supervised_tokens"] = int(masks[:, 1:].sum())  # a block's first token is no one's target
-    return tokens, masks, counts
+    return np.stack([t for t, _ in rows]), np.stack([m for _, m in rows]), counts
 
 
 def row_lengths(rows: np.ndarray, separator: int) -> np.ndarray:
@@ -123,33 +135,65 @@ def row_lengths(rows: np.ndarray, separator: int) -> np.ndarray:
     return np.minimum(used, width).astype(np.int32)
 
 
+class BlockWriter:
+    """A chat directory written as its rows come (`add`), never held whole: the token and mask
+    files appended to, their digests and the unigram counts kept running; `finish` writes the
+    lengths, the tokenizer and meta.json, the last under a temporary name, then renamed: a
+    directory without it is no chat directory (`is_chat`)."""
+
+    def __init__(self, out: Path, *, vocab: int, separator: int, block_size: int):
+        import xxhash
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.out, self.vocab, self.separator, self.block_size = out, vocab, separator, block_size
+        self.dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max else np.uint32)
+        self.tokens, self.mask = open(out / "tokens-00000.bin", "wb"), open(out / "mask-00000.bin", "wb")
+        self.token_digest, self.mask_digest = xxhash.xxh3_64(), xxhash.xxh3_64()
+        self.unigrams = np.zeros(vocab, dtype=np.int64)
+        self.lengths: List[np.ndarray] = []  # 4 bytes a row
+        self.count = 0
+
+    def add(self, tokens: np.ndarray, mask: np.ndarray) -> None:
+        """Rows (n x (block_size + 1)) appended."""
+        if not len(tokens):
+            return
+        flat, flat_mask = tokens.reshape(-1).astype(self.dtype), mask.reshape(-1).astype(np.uint8)
+        self.tokens.write(flat.tobytes())
+        self.mask.write(flat_mask.tobytes())
+        self.token_digest.update(flat.tobytes())
+        self.mask_digest.update(flat_mask.tobytes())
+        self.unigrams += np.bincount(flat, minlength=self.vocab)[:self.vocab]
+        self.lengths.append(row_lengths(tokens, self.separator))
+        self.count += flat.size
+
+    def finish(self, tokenizer_dir: str, meta: dict) -> dict:
+        from data_pipelines.tokenizer import save_tokenizer
+
+        self.tokens.close()
+        self.mask.close()
+        out, itemsize = self.out, self.dtype.itemsize
+        np.save(out / LENGTHS, np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int32))
+        np.save(out / "unigram_counts.npy", self.unigrams)
+        save_tokenizer(tokenizer_dir, out / "tokenizer")
+        record = {"format": FORMAT, "dtype": self.dtype.name, "tokens": self.count, "eos_id": int(self.separator),
+                  "vocab": int(self.vocab), "block_size": int(self.block_size),
+                  "documents": int(meta.get("conversations", 0)), **meta,
+                  "shards": [{"file": "tokens-00000.bin", "tokens": self.count, "bytes": self.count * itemsize,
+                              "xxh3_64": self.token_digest.hexdigest()}],
+                  "mask_shards": [{"file": "mask-00000.bin", "bytes": self.count,
+                                   "xxh3_64": self.mask_digest.hexdigest()}]}
+        tmp = out / "meta.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, out / "meta.json")
+        return record
+
+
 def write(out: Path, tokens: np.ndarray, mask: np.ndarray, *, vocab: int, separator: int, block_size: int,
           tokenizer_dir: str, meta: dict) -> dict:
-    """The prepared directory `out`, its meta.json written last (under a temporary name, then
-    renamed): a directory without it is no chat directory (`is_chat`)."""
-    import xxhash
-
-    from data_pipelines.tokenizer import save_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    dtype = np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max else np.uint32)
-    flat, flat_mask = tokens.reshape(-1).astype(dtype), mask.reshape(-1).astype(np.uint8)
-    flat.tofile(out / "tokens-00000.bin")
-    flat_mask.tofile(out / "mask-00000.bin")
-    np.save(out / LENGTHS, row_lengths(tokens, separator) if len(tokens) else np.zeros(0, np.int32))
-    np.save(out / "unigram_counts.npy", np.bincount(flat, minlength=vocab)[:vocab].astype(np.int64))
-    save_tokenizer(tokenizer_dir, out / "tokenizer")
-    record = {"format": FORMAT, "dtype": dtype.name, "tokens": int(flat.size), "eos_id": int(separator),
-              "vocab": int(vocab), "block_size": int(block_size), "documents": int(meta.get("conversations", 0)),
-              **meta,
-              "shards": [{"file": "tokens-00000.bin", "tokens": int(flat.size), "bytes": int(flat.nbytes),
-                          "xxh3_64": xxhash.xxh3_64_hexdigest(flat.tobytes())}],
-              "mask_shards": [{"file": "mask-00000.bin", "bytes": int(flat_mask.nbytes),
-                               "xxh3_64": xxhash.xxh3_64_hexdigest(flat_mask.tobytes())}]}
-    tmp = out / "meta.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, out / "meta.json")
-    return record
+    """The prepared directory `out` of rows held whole (BlockWriter, all at once)."""
+    writer = BlockWriter(out, vocab=vocab, separator=separator, block_size=block_size)
+    writer.add(tokens, mask)
+    return writer.finish(tokenizer_dir, meta)
 
 
 def is_chat(directory: Path) -> bool:

@@ -8,13 +8,18 @@ changes the blocks) or into a directory of your own:
     python -m zoo.train model=qwen2 model.init_from=MODEL_DIR data=chat data.path=DATA_DIR
 
 The conversations are rendered by worker processes (--workers, data.num_proc: the same blocks
-for any number) and held until packed (a fine-tuning set of a few hundred thousand
-conversations: their tokens, a few hundred MB); the directory is written whole, under a
-temporary name, so an interrupted preparation leaves nothing half-written (and starts over).
+for any number) into shards on disk beside the output (data_pipelines.chat_shards), then
+packed from them into the blocks, which are written as they close: no step holds the set (a
+chunk of conversations, the open blocks, a length a block). A `--out` preparation stopped
+part-way goes on from its finished shards when run again with the same conversations,
+tokenizer, template and data.train_on; its meta.json is written last (a directory without it
+is no chat directory). In the data cache an entry is built whole under a temporary name, as
+text's are (a build cut off starts over).
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -24,7 +29,11 @@ import numpy as np
 
 from data_pipelines.cache import cache_key, cache_root, cached_dir
 from data_pipelines.chat import ChatRenderer, load_template, open_chat, to_messages
-from data_pipelines.chat_blocks import OPEN_BLOCKS, pack, pick_separator, write
+from data_pipelines.chat_blocks import OPEN_BLOCKS, BlockWriter, pack_rows, separator_not_in
+from data_pipelines.chat_shards import RenderShards
+
+RENDERED = "rendering"  # the shards' folder inside the output, removed once it is written
+ROWS_AT_ONCE = 256  # packed rows handed to the writer together
 
 CHUNK = 256  # conversations a worker renders at a time
 
@@ -74,6 +83,16 @@ def rendered_conversations(source, tokenizer_dir: str, template: Optional[str], 
             yield from done
 
 
+class _After:
+    """`source` with its first `skip` records left out (read, not rendered)."""
+
+    def __init__(self, source, skip: int):
+        self.source, self.skip = source, skip
+
+    def records(self):
+        return itertools.islice(self.source.records(), self.skip, None)
+
+
 def prepare_chat(path: str, tokenizer_dir: str, out: Path, *, block_size: int, train_on: str = "assistant",
                  chat_template: Optional[str] = None, packing: bool = True, truncate: str = "end",
                  workers: Optional[int] = None) -> dict:
@@ -86,20 +105,43 @@ def prepare_chat(path: str, tokenizer_dir: str, out: Path, *, block_size: int, t
     template = load_template(chat_template)
     renderer = ChatRenderer(tok, template, train_on)  # refuses a template-less tokenizer before any worker starts
     workers = workers or min(8, len(os.sched_getaffinity(0)))
-    rendered = list(rendered_conversations(source, tokenizer_dir, template, train_on, workers))
-    if not rendered:
+    out = Path(out)
+    shards = RenderShards(out / RENDERED, _rendering_key(source, tokenizer_dir, template, train_on))
+    if shards.done:
+        print(f"zoo: data: going on from {len(shards.done)} rendered shard(s) of {shards.records_done:,} "
+              f"conversations in {shards.directory}", file=sys.stderr, flush=True)
+    shards.write(rendered_conversations(_After(source, shards.records_done), tokenizer_dir, template, train_on,
+                                        workers))
+    if not shards.records_done:
         from data_pipelines.text_sources import DataError
 
         raise DataError(f"data.path={path} holds no conversations; give files with one record a line")
     first_user = next((m["content"] for where, record in source.records()
                        for m in to_messages(record, where) if m["role"] == "user"), None)
-    separator = pick_separator(tok, [ids for _, ids, _ in rendered])
-    tokens, mask, counts = pack(iter(rendered), block_size, separator, packing=packing, truncate=truncate)
+    separator = separator_not_in(tok, shards.held())
+    (out / "meta.json").unlink(missing_ok=True)  # the blocks of an earlier preparation are written over
+    writer, counts, rows = BlockWriter(out, vocab=len(tok), separator=separator, block_size=block_size), {}, []
+    for row in pack_rows(shards.conversations(), block_size, separator, counts, packing=packing, truncate=truncate):
+        rows.append(row)
+        if len(rows) == ROWS_AT_ONCE:
+            writer.add(np.stack([t for t, _ in rows]), np.stack([m for _, m in rows]))
+            rows = []
+    if rows:
+        writer.add(np.stack([t for t, _ in rows]), np.stack([m for _, m in rows]))
     meta = {**counts, "source": f"chat:{path}", "train_on": train_on, "packing": packing, "truncate": truncate,
             "template": "generation markers" if renderer.markers else "turns found by prefix",
             "first_user_turn": first_user}  # the end-of-run sample's default prompt
-    return write(out, tokens, mask, vocab=len(tok), separator=separator, block_size=block_size,
-                 tokenizer_dir=tokenizer_dir, meta=meta)
+    record = writer.finish(tokenizer_dir, meta)
+    shards.remove()
+    return record
+
+
+def _rendering_key(source, tokenizer_dir: str, template: Optional[str], train_on: str) -> str:
+    """What changes the rendered conversations (not the packing: the shards serve any block)."""
+    tok_json = Path(tokenizer_dir) / "tokenizer.json"
+    tok_id = hashlib.sha256(tok_json.read_bytes()).hexdigest() if tok_json.exists() else str(tokenizer_dir)
+    return cache_key(source=source.key, tokenizer=tok_id, template=hashlib.sha256((template or "").encode()).hexdigest(),
+                     own_template=_own_template(tokenizer_dir), train_on=train_on)
 
 
 def chat_cached(path: str, tokenizer_dir: str, *, block_size: int, train_on: str, chat_template: Optional[str],

@@ -199,6 +199,52 @@ def test_workers_render_the_same_blocks_as_one_process(tok, tmp_path, monkeypatc
     assert (tmp_path / "w1" / "mask-00000.bin").read_bytes() == (tmp_path / "w2" / "mask-00000.bin").read_bytes()
 
 
+def test_a_preparation_stopped_part_way_goes_on_from_its_rendered_shards(tok, tmp_path, monkeypatch):
+    """Shards of 40 conversations: stopped after 130 were rendered, the second run renders the
+    170 after the 120 of its three finished shards and writes the same bytes as one run;
+    meta.json only at the end, the rendering shards gone; other arguments start over."""
+    from data_pipelines import chat_prepare, chat_shards
+    from data_pipelines.chat_synthetic import write_conversations
+
+    chats = write_conversations(tmp_path / "chats.jsonl", 300)
+    tok.save_pretrained(str(tmp_path / "tok"))
+    monkeypatch.setattr(chat_shards, "SHARD_CONVERSATIONS", 40)
+    prepare = lambda out, **kw: chat_prepare.prepare_chat(str(chats), str(tmp_path / "tok"), out,  # noqa: E731
+                                                          block_size=96, workers=1, **kw)
+    whole = prepare(tmp_path / "whole")
+    real, rendered = chat_prepare.rendered_conversations, []
+
+    def stopped(*args):
+        for i, item in enumerate(real(*args)):
+            if i == 130:
+                raise KeyboardInterrupt
+            yield item
+
+    def counted(*args):
+        for item in real(*args):
+            rendered.append(item[0])
+            yield item
+
+    monkeypatch.setattr(chat_prepare, "rendered_conversations", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(tmp_path / "part")
+    assert not (tmp_path / "part" / "meta.json").exists()
+    assert sorted(f.name for f in (tmp_path / "part" / "rendering").glob("*.done")) == \
+        ["conv-00000.done", "conv-00001.done", "conv-00002.done"]
+    monkeypatch.setattr(chat_prepare, "rendered_conversations", counted)
+    again = prepare(tmp_path / "part")
+    assert len(rendered) == 180 and rendered[0].endswith("line 121")
+    assert again["shards"] == whole["shards"] and again["mask_shards"] == whole["mask_shards"]
+    assert not (tmp_path / "part" / "rendering").exists()
+    with pytest.raises(KeyboardInterrupt):  # another data.train_on: nothing of the old shards is used
+        monkeypatch.setattr(chat_prepare, "rendered_conversations", stopped)
+        prepare(tmp_path / "other", train_on="all")
+    rendered.clear()
+    monkeypatch.setattr(chat_prepare, "rendered_conversations", counted)
+    prepare(tmp_path / "other")
+    assert len(rendered) == 300
+
+
 def test_a_prepared_chat_directory_given_as_data_path_is_checked_before_anything_starts(tok, tmp_path, monkeypatch):
     """data=chat data.path=DIR (prepared with --format chat): its tokens and its target masks are
     checked against meta.json's sizes and digests in the validation pass, as data=prepared's are;
