@@ -85,14 +85,17 @@ def qwen3_one_process(run_zoo, qwen3):
     return run_zoo(*IMPORT, "parallel=ddp", "parallel.dp=1", "trainer.micro_batch_size=4", qwen3, *STEPS)
 
 
-@pytest.mark.parametrize("layout", [["parallel=zero3", "parallel.dp=2", "trainer.micro_batch_size=2"],
+@pytest.mark.parametrize("layout", [["parallel=zero1", "parallel.dp=2", "trainer.micro_batch_size=2"],
+                                    ["parallel=zero2", "parallel.dp=2", "trainer.micro_batch_size=2"],
+                                    ["parallel=zero3", "parallel.dp=2", "trainer.micro_batch_size=2"],
                                     ["parallel=tp", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"],
                                     ["parallel=cp", "trainer.micro_batch_size=4"]],
-                         ids=["zero3", "tp2-sp", "cp2"])
+                         ids=["zero1", "zero2", "zero3", "tp2-sp", "cp2"])
 def test_a_qwen3_import_trains_as_one_process(run_zoo, qwen3, qwen3_one_process, layout):
-    """ZeRO-3 builds the q/k norms piece by piece with their layer; tp2 with sequence parallelism
-    sums their gradients over the group as it does the sequence-parallel norms'; cp2 splits the
-    sequence with the norms and wider heads in place."""
+    """ZeRO-1 and 2 partition the q/k norms' states and gradients with the rest; ZeRO-3 builds
+    them piece by piece with their layer; tp2 with sequence parallelism sums their gradients
+    over the group as it does the sequence-parallel norms'; cp2 splits the sequence with the
+    norms and wider heads in place."""
     run = run_zoo(*IMPORT, qwen3, *STEPS, *layout)
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(qwen3_one_process.losses()), rtol=1e-5, atol=0)
 
