@@ -6,7 +6,8 @@ DeepSpeed averages over cp: zoo.engine.config), and Llama with documents under t
 sequence parallelism, under cp2 x dp2 with ZeRO-1 and under tp2 x cp2 x dp2, and under cp2 x
 pp2 (GPT with documents at ZeRO-0 with activation checkpointing: a stage recomputes one
 micro-batch's blocks after the next one's forward, each with its own documents; without at
-ZeRO-1, its sample decoded whole through the stages); a Llama cp2 checkpoint resumes on one
+ZeRO-1, its sample decoded whole through the stages), and Llama without documents under cp4;
+a Llama cp2 checkpoint resumes on one
 process, on tp2 x cp2 and on cp2 x pp2 with the uninterrupted run's losses; the grid lists the
 cp groups."""
 from __future__ import annotations
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.e2e
 COMMON = ["trainer.log_every=1", "trainer.eval_batches=2", "optim.warmup_steps=1", "trainer.max_steps=4",
           "trainer.global_batch_size=8", "logger=none", "trainer.sample_tokens=8"]
 FAMILY = {"gpt": ["model=gpt"], "gpt-docs": ["model=gpt", "data.document_mask=true"],
-          "llama": ["model=llama", "data.document_mask=true"]}
+          "llama": ["model=llama", "data.document_mask=true"], "llama-plain": ["model=llama"]}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,9 @@ CP_PP = ["parallel=cp", "parallel.pp=2", "parallel.num_microbatches=2"]
     ("llama", ["parallel=tp", "parallel.cp=2", "parallel.dp=2", "trainer.micro_batch_size=2"]),
     ("gpt-docs", [*CP_PP, "parallel.zero_stage=0", "model.activation_checkpointing=true", "trainer.micro_batch_size=4"]),
     ("gpt", [*CP_PP, "trainer.micro_batch_size=4"]),
+    ("llama-plain", ["parallel=cp", "parallel.cp=4", "trainer.micro_batch_size=4"]),
 ], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1", "llama-tp2-cp2-dp2",
-        "gpt-docs-cp2-pp2-zero0", "gpt-cp2-pp2-zero1"])
+        "gpt-docs-cp2-pp2-zero0", "gpt-cp2-pp2-zero1", "llama-cp4-zero1"])
 def test_a_layout_with_cp_trains_as_one_process(run_zoo, one, family, layout):
     run = run_zoo(*FAMILY[family], *COMMON, *layout)
     _same(run, one(family))
