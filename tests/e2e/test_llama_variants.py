@@ -100,6 +100,16 @@ def test_a_qwen3_import_trains_as_one_process(run_zoo, qwen3, qwen3_one_process,
     torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(qwen3_one_process.losses()), rtol=1e-5, atol=0)
 
 
+def test_a_mistral_import_with_its_window_trains_under_cp4_as_one_process(run_zoo, tmp_path):
+    """The window (64 of 128 tokens) cut into each cp rank's chunk masks, the documents too."""
+    source = f"model.init_from={save_random(tmp_path / 'source', 'mistral')}"
+    one = run_zoo(*IMPORT, "parallel=ddp", "parallel.dp=1", "trainer.micro_batch_size=4", source, *STEPS,
+                  "data.document_mask=true")
+    run = run_zoo(*IMPORT, source, *STEPS, "parallel=cp", "parallel.cp=4", "trainer.micro_batch_size=4",
+                  "data.document_mask=true")
+    torch.testing.assert_close(torch.tensor(run.losses()), torch.tensor(one.losses()), rtol=1e-5, atol=0)
+
+
 def test_a_qwen3_trained_under_3d_equals_one_process_and_transformers_gives_zoos_logits(run_zoo, tmp_path, qwen3,
                                                                                        qwen3_one_process):
     run = run_zoo(*IMPORT, qwen3, *STEPS, "checkpoint.every=5", run_dir=tmp_path / "run")

@@ -225,7 +225,7 @@ class LlamaAttention(ReadsContext, ReadsDecodeCache, nn.Module):
         q, k = apply_rope(q, k, self.theta, positions, start=self.cache_start(),
                           length=None if shard is None else T * shard.size)
         if shard is not None:  # this rank's queries over every key
-            y = shard.attention(q, k, v, lambda q, k, v, mask: self._attend(q, k, v, mask, False))
+            y = shard.attention(q, k, v, lambda q, k, v, mask: self._attend(q, k, v, mask, False), window=self.window)
         else:  # documents, or decoding (zoo.models.kv_cache), or causal
             k, v, mask, causal = self.keys_and_mask(positions, k, v, q.dtype)
             windowed = windowed_mask(mask, causal, T, k.shape[2], self.cache_start(), self.window, q.dtype, q.device)

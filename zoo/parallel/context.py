@@ -45,6 +45,7 @@ class ContextShard:
         self.enabled = True  # off inside whole_sequences
         self._block: Optional[torch.Tensor] = None  # the forward's block's document positions (None: none)
         self._masks: Optional[list] = None  # the forward's chunk masks, built by its first attention
+        self._window: Optional[int] = None  # the sliding window they were built for
         self.unbuilt_causal: Optional[bool] = None  # causal_lower_right, not a built mask (None: on CUDA)
 
     @property
@@ -81,12 +82,15 @@ class ContextShard:
         """(B, heads, T/cp, d) of this rank's chunks -> (B, heads, T, d) in global order."""
         return _GatherContext.apply(t, self)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Callable) -> torch.Tensor:
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: Callable,
+                  window: Optional[int] = None) -> torch.Tensor:
         """Attention of this rank's queries over the whole sequence's keys and values:
-        `attend(q, k, v, mask)` the layer's own SDPA call with the chunk's mask. With `recompute`
-        the backward gathers and attends again (torch's non-reentrant checkpoint: it keeps this
-        rank's q, k, v and the masks, not the gathered keys and values)."""
-        masks = self.masks(q.shape[HEAD_DIM_SEQUENCE] // 2, q.dtype, q.device)  # outside: kept once, not rebuilt
+        `attend(q, k, v, mask)` the layer's own SDPA call with the chunk's mask (`window`: a
+        query sees only the keys fewer than that many positions back, Mistral's sliding
+        window). With `recompute` the backward gathers and attends again (torch's non-reentrant
+        checkpoint: it keeps this rank's q, k, v and the masks, not the gathered keys and values)."""
+        c = q.shape[HEAD_DIM_SEQUENCE] // 2
+        masks = self.masks(c, q.dtype, q.device, window)  # outside: kept once, not rebuilt
         if self.recompute and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(self._attention, q, k, v, masks, attend, use_reentrant=False)
         return self._attention(q, k, v, masks, attend)
@@ -101,8 +105,9 @@ class ContextShard:
                               v.narrow(HEAD_DIM_SEQUENCE, 0, n), mask))
         return torch.cat(out, dim=HEAD_DIM_SEQUENCE)
 
-    def masks(self, c: int, dtype: torch.dtype, device: torch.device) -> list:
-        """Each chunk's mask over the keys before its end: causal, bottom-right aligned. On CUDA
+    def masks(self, c: int, dtype: torch.dtype, device: torch.device, window: Optional[int] = None) -> list:
+        """Each chunk's mask over the keys before its end: causal, bottom-right aligned (with
+        `window`, also no key `window` or more positions before its query). On CUDA
         torch's `causal_lower_right`, which the flash and memory-efficient kernels take without
         building it; elsewhere (the CPU's kernels build it in every call, and keep it for the
         backward: a layer's c x keys floats) a (c, keys) mask built once per forward and kept for
@@ -112,26 +117,31 @@ class ContextShard:
         of it is then a transient of one call; additive in `dtype` (0 or -inf) where each layer's
         SDPA keeps its mask for the backward, so that the layers keep this one, not a copy each."""
         unbuilt = device.type == "cuda" if self.unbuilt_causal is None else self.unbuilt_causal
-        if self._block is None and unbuilt:
+        if window is not None and window >= 2 * self.size * c:
+            window = None  # no query has keys that far back
+        if self._block is None and unbuilt and window is None:
             from torch.nn.attention.bias import causal_lower_right
 
             return [causal_lower_right(c, (g + 1) * c) for g in self.chunks]
         additive = torch.is_grad_enabled() and not self.recompute
         if not additive:
             dtype = torch.bool
-        if self._masks is not None and self._masks[0].dtype == dtype:
+        if self._masks is not None and (self._masks[0].dtype, self._window) == (dtype, window):
             return self._masks
         doc = None if self._block is None else (self._block == 0).cumsum(dim=1)  # each token's document
         masks = []
         for g in self.chunks:
             n = (g + 1) * c
             allowed = torch.ones(c, n, dtype=torch.bool, device=device).tril(diagonal=n - c)
+            if window is not None:  # query g*c + i, key j: i + g*c - j < window
+                back = torch.arange(g * c, n, device=device)[:, None] - torch.arange(n, device=device)[None, :]
+                allowed &= back < window
             if doc is not None:
                 allowed = (allowed & (doc[:, g * c:n, None] == doc[:, None, :n]))[:, None]
             masks.append(torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
                          if additive else allowed)
         if not torch.compiler.is_compiling():
-            self._masks = masks
+            self._masks, self._window = masks, window
         return masks
 
     def mean_loss(self, per_token: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -161,7 +161,10 @@ def stage_memory(desc: ModelDesc, lay: PlanLayout, stage: int, *, dtype: str, se
     mask_elt = 1 if lay.cp > 1 and cp_recompute and not lay.activation_checkpointing else elt
     if document_mask and layers:  # (B, 1, T, T); under cp each chunk's rows over the keys before its end
         activations += in_flight * lay.micro_batch_size * _mask_elems(desc.tokens_per_sample, lay.cp) * mask_elt
-    elif builds_causal_masks and lay.cp > 1 and layers:  # one (c, keys) mask a chunk, whatever the batch
+    if desc.windowed and lay.cp == 1 and layers:  # the window's additive mask (zoo.models.sliding_window)
+        T = desc.tokens_per_sample  # one (T, T) for causal blocks, shared; a windowed copy of each document mask
+        activations += (in_flight * lay.micro_batch_size if document_mask else 1) * T * T * elt
+    elif (builds_causal_masks or desc.windowed) and lay.cp > 1 and layers and not document_mask:  # a (c, keys) a chunk
         activations += in_flight * _mask_elems(desc.tokens_per_sample, lay.cp) * mask_elt
     # cp: a layer keeps the gathered keys and values of the whole sequence (its own share is counted above)
     gathered = lay.micro_batch_size * desc.tokens_per_sample * (1 - 1 / lay.cp) * desc.kv_width / tp * elt

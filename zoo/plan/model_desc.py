@@ -101,6 +101,9 @@ class ModelDesc:
     kv_width: int = 0
     """Elements per token of one layer's keys and values together (2 x n_kv_head x head_dim): what
     context parallelism all-gathers and keeps whole; 0: the family has no context parallelism."""
+    windowed: bool = False
+    """Attention within a sliding window shorter than the sequence (Mistral's): context
+    parallelism builds its chunks' masks also where the causal ones need none (CUDA)."""
     cp_kept_extra: int = 0
     """Elements a token of a cp rank's share keeps in a layer, besides the gathered keys and values,
     where cp's attention is not recomputed (parallel.cp_recompute=false): the attention's output

@@ -114,10 +114,9 @@ def check(cfg: Config, world=None, cuda=False):
     (["model=cnn", "parallel.pp=4", "parallel.zero_stage=1"], r"parallel.pp=4 is more than the 3 residual blocks"),
     (["model=bert", "model.size=huge"], r"model.size='huge' is not a BERT size"),
     (["model=cnn", "model.activation_checkpointing=true"], r"would update its BatchNorm running statistics"),
-    # Windows zoo does not build: Qwen's per-layer ones, and any under context parallelism.
+    # Windows zoo does not build: Qwen's per-layer ones.
     (["model=qwen2", "model.sliding_window=64"], r"model.sliding_window=64 is shorter than model.block_size=128: a "
                                                  r"qwen2 window applies to some layers only"),
-    (["model=mistral", "model.sliding_window=64", "parallel=cp"], r"model.sliding_window=64 with parallel.cp=2: "),
     (["model=qwen3", "model.head_dim=33"], r"model.head_dim=33: rotary embeddings need an even head size"),
     (["model=gpt", "model.qk_norm=true"], r"model.qk_norm=True: model.family=gpt has no such setting"),
     # A data key the chosen source would ignore (#33 item 3), naming the sources that read it.

@@ -32,7 +32,8 @@ def test_the_gathered_chunks_go_to_global_order_and_back(size):
     assert torch.equal(_rank_order(x, size), gathered)
 
 
-def _attention_matches(rank: int, world: int, documents: bool, unbuilt: bool = False, recompute: bool = False) -> None:
+def _attention_matches(rank: int, world: int, documents: bool, unbuilt: bool = False, recompute: bool = False,
+                       window=None) -> None:
     torch.manual_seed(0)  # the same block on every rank
     B, H, T, D = 2, 3, 8 * world, 4
     q, k, v, w = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(4))
@@ -43,6 +44,10 @@ def _attention_matches(rank: int, world: int, documents: bool, unbuilt: bool = F
     positions = document_positions(idx, 0) if documents else None
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     mask = document_mask(positions) if documents else None
+    if window is not None:  # Mistral's: no key `window` or more positions back
+        i = torch.arange(T)
+        band = ((i[:, None] - i[None, :]) < window) & (i[None, :] <= i[:, None])
+        mask = band if mask is None else mask & band
     y = F.scaled_dot_product_attention(*full, attn_mask=mask, is_causal=mask is None)
     (y * w).sum().backward()
 
@@ -50,7 +55,8 @@ def _attention_matches(rank: int, world: int, documents: bool, unbuilt: bool = F
     shard.unbuilt_causal = unbuilt  # CUDA's causal_lower_right, or the mask the CPU's kernels get built
     shard.share(idx, positions)
     local = [shard.take(t, dim=2).clone().requires_grad_() for t in (q, k, v)]
-    y_local = shard.attention(*local, lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+    y_local = shard.attention(*local, lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                              window=window)
     (y_local * shard.take(w, dim=2)).sum().backward()
     torch.testing.assert_close(y_local, shard.take(y, dim=2))
     for mine, whole in zip(local, full):
@@ -77,6 +83,13 @@ def test_attention_over_the_gathered_keys_is_one_devices_on_a_ranks_chunks(world
 
 def test_attention_within_documents_that_span_the_ranks_is_one_devices():
     run_ranks(2, _attention_matches, True, False, True)
+
+
+@pytest.mark.parametrize("world, documents, unbuilt", [(2, True, False), (4, False, True)])
+def test_a_sliding_window_across_the_ranks_is_one_devices(world, documents, unbuilt):
+    """Mistral's window shorter than the sequence (7 of 8 x world tokens): each chunk's mask also
+    drops the keys that far back, on CUDA too (no unbuilt causal bias takes a window)."""
+    run_ranks(world, _attention_matches, documents, unbuilt, True, 7)
 
 
 def test_the_blocks_mean_loss_is_on_every_rank_and_its_gradient_shared():

@@ -96,3 +96,18 @@ def test_parallel_auto_keeps_a_given_cp_and_sets_the_one_it_plans():
     cfg, _ = _plan("model=llama", "model.block_size=32768", "trainer.global_batch_size=1", "trainer.micro_batch_size=1",
                    "model.activation_checkpointing=false", "parallel.cp_recompute=false", device_gb=64)
     assert cfg.parallel.cp > 1 and cfg.parallel.cp_recompute is False
+
+
+def test_a_sliding_window_shorter_than_the_sequence_builds_the_chunks_masks_on_cuda_too():
+    """No unbuilt causal bias takes a window: Mistral's chunks' masks are counted where the causal
+    ones are not (CUDA), a byte an element where cp's attention is recomputed."""
+    window = describe_model(ModelConfig(family="llama", size="mistral-tiny", block_size=T, sliding_window=512), 4096)
+    whole = describe_model(ModelConfig(family="llama", size="mistral-tiny", block_size=T, sliding_window=T), 4096)
+    assert window.windowed and not whole.windowed and not llama().windowed
+    c = T / 4
+    assert _acts(window, 2).activations - _acts(whole, 2).activations == pytest.approx(c * 5 * c)
+    # without cp, zoo.models.sliding_window's additive mask: one (T, T) for every causal block, or a
+    # windowed copy of each micro-batch's document mask
+    assert _acts(window, 1).activations - _acts(whole, 1).activations == pytest.approx(T * T * 2)
+    docs = [_acts(d, 1, document_mask=True).activations for d in (window, whole)]
+    assert docs[0] - docs[1] == pytest.approx(T * T * 2)  # micro-batch 1

@@ -77,9 +77,6 @@ def check(cfg, layout, warnings: List[str]) -> Tuple[int, str]:
                 f"model.sliding_window={window} is shorter than model.block_size={shape.block_size}: a {shape.arch} "
                 f"window applies to some layers only (max_window_layers), which zoo does not build; set "
                 f"model.block_size={window} (or less)")
-        require(layout.cp == 1,
-                f"model.sliding_window={window} with parallel.cp={layout.cp}: the window is not built under context "
-                f"parallelism; set model.block_size={window} (or less) or parallel.cp=1")
     require(m.dropout == 0, f"model.dropout={m.dropout}: the Llama family has no dropout; set model.dropout=0")
     if layout.tp > 1 and shape.n_kv_head % layout.tp:
         warnings.append(f"parallel.tp={layout.tp} does not divide model.n_kv_head={shape.n_kv_head}: every rank holds "

@@ -28,4 +28,4 @@ class LlamaModelKeys:
     None: the preset's."""
     sliding_window: Optional[int] = None
     """Llama: Mistral's attention window (the tokens a token sees, itself included), in every
-    layer (not under parallel.cp; Qwen's per-layer windows are refused). None: the preset's."""
+    layer (under parallel.cp too; Qwen's per-layer windows are refused). None: the preset's."""

@@ -57,6 +57,7 @@ def describe(cfg: ModelConfig, vocab_size: int) -> ModelDesc:
     return ModelDesc(name=f"llama {cfg.size}" + (f" [{overrides}]" if overrides else ""), embedding=embedding,
                      layers=(layer,) * d.n_layer, head=head, head_ties_embedding=tied, tokens_per_sample=s,
                      hidden_size=h, gemm_shape=(h, min(h, kv)), kv_width=2 * kv,
+                     windowed=d.sliding_window is not None and d.sliding_window < s,
                      cp_kept_extra=q,  # the attention output twice (separate k and v projections: not kept)
                      tp_divides={"model.n_head": d.n_head, "model.n_kv_head": d.n_kv_head,
                                  "model.intermediate_size": inter,
