@@ -24,7 +24,6 @@ from zoo.config.schema import Config
 from zoo.engine import initialize_engine, micro_batching
 from zoo.engine import native as native_checkpoint
 from zoo.engine import state as engine_state
-from zoo.engine.pipe_hooks import whole_sequence_shapes
 from zoo.evaluate.in_loop import task_scorer
 from zoo.evaluate.tasks import best_fields, higher_is_better
 from zoo.families.accuracy import tallied
@@ -387,6 +386,7 @@ class Trainer:
         """trainer.eval_tasks' metrics on the model in place (collective; zoo.evaluate.in_loop)."""
         if self.scorer is None:
             return {}
+        from zoo.engine.pipe_hooks import whole_sequence_shapes  # DeepSpeed's import waits for lean_start
         from zoo.evaluate.in_loop import score
 
         self.engine.eval()
