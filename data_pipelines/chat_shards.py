@@ -81,21 +81,26 @@ class RenderShards:
         `records_done`, as shards of SHARD_CONVERSATIONS."""
         size, start = SHARD_CONVERSATIONS, self.records_done
         shard: Optional[dict] = None
-        for k, (where, ids, mask) in enumerate(rendered):
-            consumed = start + k + 1
-            if shard is None:
-                shard = self._open(len(self.done))
-            shard["ids"].write(np.asarray(ids, dtype=np.int32).tobytes())
-            shard["mask"].write(np.asarray(mask, dtype=np.uint8).tobytes())
-            shard["where"].write(where.replace("\n", " ") + "\n")
-            shard["offsets"].append(shard["offsets"][-1] + len(ids))
-            shard["held"][np.asarray(ids, dtype=np.int64)] = True
-            shard["records"] = consumed
-            if len(shard["offsets"]) - 1 == size:
+        try:
+            for k, (where, ids, mask) in enumerate(rendered):
+                if shard is None:
+                    shard = self._open(len(self.done))
+                shard["ids"].write(np.asarray(ids, dtype=np.int32).tobytes())
+                shard["mask"].write(np.asarray(mask, dtype=np.uint8).tobytes())
+                shard["where"].write(where.replace("\n", " ") + "\n")
+                shard["offsets"].append(shard["offsets"][-1] + len(ids))
+                shard["held"][np.asarray(ids, dtype=np.int64)] = True
+                shard["records"] = start + k + 1
+                if len(shard["offsets"]) - 1 == size:
+                    self._close(shard)
+                    shard = None
+            if shard is not None:
                 self._close(shard)
                 shard = None
-        if shard is not None:
-            self._close(shard)
+        finally:  # stopped part-way (a bad record, an interrupt): the open shard has no marker
+            if shard is not None:
+                for f in ("ids", "mask", "where"):
+                    shard[f].close()
 
     def _open(self, i: int) -> dict:
         stem = _stem(self.directory, i)
