@@ -5,7 +5,8 @@ A shard is SHARD_CONVERSATIONS conversations in the records' order: their token 
 (`conv-NNNNN.ids`, int32), target masks (`.mask`, uint8), offsets (`.offsets.npy`), where each
 came from (`.where`, a line each: for the errors of packing) and the ids that occur in it
 (`.held.npy`: the separator must be none of them), then its marker (`.done`: the records
-consumed through it, the conversations, a digest of the ids and masks) written last. A
+consumed through it, the conversations, digests of the ids and of the masks, kept while they
+are appended) written last. A
 shard's files are appended to as chunks of conversations come from the renderers, so memory
 is one chunk's. `arguments`, a digest of what changes the rendering (the conversations' files,
 the tokenizer, the template, data.train_on), is kept beside them: shards of other arguments are
@@ -29,13 +30,11 @@ def _stem(directory: Path, i: int) -> Path:
     return directory / f"conv-{i:05d}"
 
 
-def _digest(ids: np.ndarray, mask: np.ndarray) -> str:
+def _digests(ids: np.ndarray, mask: np.ndarray) -> Tuple[str, str]:
+    """xxh3-64 of a shard's ids and of its masks (as `write` keeps them while it appends)."""
     import xxhash
 
-    h = xxhash.xxh3_64()
-    h.update(ids.tobytes())
-    h.update(mask.tobytes())
-    return h.hexdigest()
+    return xxhash.xxh3_64_hexdigest(ids.tobytes()), xxhash.xxh3_64_hexdigest(mask.tobytes())
 
 
 class RenderShards:
@@ -74,7 +73,7 @@ class RenderShards:
             mask = np.fromfile(stem.with_suffix(".mask"), dtype=np.uint8)
         except OSError:
             return False
-        return len(ids) == marker["tokens"] and _digest(ids, mask) == marker["xxh3_64"]
+        return len(ids) == marker["tokens"] and list(_digests(ids, mask)) == marker["xxh3_64"]
 
     def write(self, rendered: Iterator[Tuple[str, np.ndarray, np.ndarray]]) -> None:
         """Append `rendered` (where, ids, mask), a conversation a record, from the records after
@@ -85,8 +84,11 @@ class RenderShards:
             for k, (where, ids, mask) in enumerate(rendered):
                 if shard is None:
                     shard = self._open(len(self.done))
-                shard["ids"].write(np.asarray(ids, dtype=np.int32).tobytes())
-                shard["mask"].write(np.asarray(mask, dtype=np.uint8).tobytes())
+                ids_bytes, mask_bytes = np.asarray(ids, dtype=np.int32).tobytes(), np.asarray(mask, dtype=np.uint8).tobytes()
+                shard["ids"].write(ids_bytes)
+                shard["mask"].write(mask_bytes)
+                shard["ids_digest"].update(ids_bytes)
+                shard["mask_digest"].update(mask_bytes)
                 shard["where"].write(where.replace("\n", " ") + "\n")
                 shard["offsets"].append(shard["offsets"][-1] + len(ids))
                 shard["held"][np.asarray(ids, dtype=np.int64)] = True
@@ -103,8 +105,11 @@ class RenderShards:
                     shard[f].close()
 
     def _open(self, i: int) -> dict:
+        import xxhash
+
         stem = _stem(self.directory, i)
         return {"i": i, "ids": open(stem.with_suffix(".ids"), "wb"), "mask": open(stem.with_suffix(".mask"), "wb"),
+                "ids_digest": xxhash.xxh3_64(), "mask_digest": xxhash.xxh3_64(),
                 "where": open(stem.with_suffix(".where"), "w", encoding="utf-8"), "offsets": [0], "records": 0,
                 "held": _Held()}
 
@@ -114,10 +119,9 @@ class RenderShards:
         stem = _stem(self.directory, shard["i"])
         np.save(stem.with_suffix(".offsets.npy"), np.asarray(shard["offsets"], dtype=np.int64))
         np.save(stem.with_suffix(".held.npy"), shard["held"].ids())
-        ids = np.fromfile(stem.with_suffix(".ids"), dtype=np.int32)
-        mask = np.fromfile(stem.with_suffix(".mask"), dtype=np.uint8)
-        marker = {"records": shard["records"], "conversations": len(shard["offsets"]) - 1, "tokens": len(ids),
-                  "xxh3_64": _digest(ids, mask)}
+        marker = {"records": shard["records"], "conversations": len(shard["offsets"]) - 1,
+                  "tokens": int(shard["offsets"][-1]),
+                  "xxh3_64": [shard["ids_digest"].hexdigest(), shard["mask_digest"].hexdigest()]}
         tmp = stem.with_suffix(".done.tmp")
         tmp.write_text(json.dumps(marker))
         os.replace(tmp, stem.with_suffix(".done"))

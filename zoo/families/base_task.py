@@ -135,6 +135,14 @@ class Task:
         """Real tokens / padded slots over the run's training batches (fixed-size samples: 1)."""
         return 1.0
 
+    def varying_length_pad_to(self) -> Optional[int]:
+        """What micro-batches of samples of varying length are padded to: the block under pp x tp
+        (DeepSpeed's pipeline then splits the activations it sends over the tp group and keeps
+        the first micro-batch's shape for every later one), else None (each to its longest
+        sample; a pipeline is then built for shapes that vary)."""
+        layout = self.layout
+        return self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
+
     def micro_batch(self, consumed: int, micro: int, *, micro_batch: int, global_batch: int,
                     dp_rank: int, dp_size: int) -> Batch:
         start = micro_batch_start(consumed, micro, global_batch=global_batch, micro_batch=micro_batch,

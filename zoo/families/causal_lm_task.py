@@ -66,8 +66,7 @@ class CausalLMTask(TextDocuments, Task):
         """data.packing=false: the rows in length-bucketed global batches (BERT's pooled order,
         data_pipelines.bucket_stream), a micro-batch cut to its longest row, rounded up to what
         the layout splits (2 x cp chunks; tp under sequence parallelism, of a cp rank's share);
-        whole blocks under pp x tp (DeepSpeed keeps the first micro-batch's shape for the
-        activations it splits over tp), else the pipeline takes each micro-batch's shape."""
+        whole blocks under pp x tp (Task.varying_length_pad_to)."""
         from data_pipelines.bucket_stream import PooledBuckets
         from data_pipelines.schedule import restore_order
 
@@ -85,7 +84,7 @@ class CausalLMTask(TextDocuments, Task):
             return restore_order(SampleStream(n, seed), saved)
 
         self.stream = PooledBuckets(n, rows.lengths, global_batch=batch, seed=seed, legacy=unbucketed)
-        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
+        self.pad_to = self.varying_length_pad_to()
         chunks = 2 * layout.cp if layout.cp > 1 else 1
         split = layout.cp * layout.tp if cfg.parallel.sequence_parallel and layout.tp > 1 else 1
         self.multiple = math.lcm(chunks, split)

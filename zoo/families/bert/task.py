@@ -50,8 +50,7 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
 
         self.stream = PooledBuckets(n_train, length_of, global_batch=batch, seed=seed, legacy=legacy)
         self.train_tokens = samples.tokens_of(samples.train)  # summed a chunk at a time
-        layout = self.layout
-        self.pad_to = self.shape.block_size if layout.pp > 1 and layout.tp > 1 else None
+        self.pad_to = self.varying_length_pad_to()
 
     def _check_special_tokens(self, where: str) -> None:
         missing = [k for k in ("mask_token", "pad_token", "cls_token", "sep_token") if getattr(self.tokenizer, k) is None]
@@ -110,10 +109,7 @@ class BertTask(AccuracyEvaluation, TextDocuments, Task):
         self.shape = self._model_shape(meta)
 
     def build_options(self, grid) -> dict:
-        # Batches are padded to their longest sample, except under pp x tp: DeepSpeed's
-        # pipeline then splits the activations it sends over the tp group and keeps the shape
-        # of the first micro-batch's for every later one, so every batch is padded to the block.
-        return {**super().build_options(grid), "dynamic_shape": self.pad_to is None}
+        return {**super().build_options(grid), "dynamic_shape": self.pad_to is None}  # (varying_length_pad_to)
 
     def model_meta(self) -> dict:
         s = self.shape
