@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
@@ -31,6 +32,7 @@ from data_pipelines.cache import cache_key, cache_root, cached_dir
 from data_pipelines.chat import ChatRenderer, load_template, open_chat, to_messages
 from data_pipelines.chat_blocks import OPEN_BLOCKS, BlockWriter, pack_rows, separator_not_in
 from data_pipelines.chat_shards import RenderShards
+from data_pipelines.text_sources import DataError
 
 RENDERED = "rendering"  # the shards' folder inside the output, removed once it is written
 ROWS_AT_ONCE = 256  # packed rows handed to the writer together
@@ -106,16 +108,21 @@ def prepare_chat(path: str, tokenizer_dir: str, out: Path, *, block_size: int, t
     renderer = ChatRenderer(tok, template, train_on)  # refuses a template-less tokenizer before any worker starts
     workers = workers or min(8, len(os.sched_getaffinity(0)))
     out = Path(out)
+    existed = out.exists()
     shards = RenderShards(out / RENDERED, _rendering_key(source, tokenizer_dir, template, train_on))
     if shards.done:
         print(f"zoo: data: going on from {len(shards.done)} rendered shard(s) of {shards.records_done:,} "
               f"conversations in {shards.directory}", file=sys.stderr, flush=True)
-    shards.write(rendered_conversations(_After(source, shards.records_done), tokenizer_dir, template, train_on,
-                                        workers))
-    if not shards.records_done:
-        from data_pipelines.text_sources import DataError
-
-        raise DataError(f"data.path={path} holds no conversations; give files with one record a line")
+    try:
+        shards.write(rendered_conversations(_After(source, shards.records_done), tokenizer_dir, template, train_on,
+                                            workers))
+        if not shards.records_done:
+            raise DataError(f"data.path={path} holds no conversations; give files with one record a line")
+    except DataError:  # the records need mending, which changes them: nothing rendered is kept
+        shards.remove()
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     first_user = next((m["content"] for where, record in source.records()
                        for m in to_messages(record, where) if m["role"] == "user"), None)
     separator = separator_not_in(tok, shards.held())

@@ -288,3 +288,22 @@ def test_unpacked_rows_know_their_lengths_also_in_a_directory_written_before_the
     assert rows.lengths(np.array([4, 1])).tolist() == [want[4], want[1]]
     (tmp_path / "d" / "lengths-00000.npy").unlink()
     assert ChatBlocks(tmp_path / "d", 160, 0.0).train.lengths(np.arange(6)).tolist() == want
+
+
+def test_records_that_need_mending_leave_no_rendering_behind(tok, tmp_path):
+    """An empty file or a bad record: one DataError, and the output is as it was (a directory
+    that was not there is not left; one that was keeps only what it held)."""
+    from data_pipelines import chat_prepare
+
+    tok.save_pretrained(str(tmp_path / "tok"))
+    empty, bad = tmp_path / "empty.jsonl", tmp_path / "bad.jsonl"
+    empty.write_text("")
+    bad.write_text(json.dumps(GOOD) + "\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
+    with pytest.raises(DataError, match="holds no conversations"):
+        chat_prepare.prepare_chat(str(empty), str(tmp_path / "tok"), tmp_path / "new", block_size=96, workers=1)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(DataError, match="line 2: turn 0 has the unknown role 'robot'"):
+        chat_prepare.prepare_chat(str(bad), str(tmp_path / "tok"), tmp_path / "mine", block_size=96, workers=1)
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
