@@ -1,7 +1,7 @@
 """Context parallelism (parallel.cp) end to end, each run against one process of the same
 family: the loss at every step, the held-out loss and the end-of-run sample equal one
 process's within 1e-5 (the gradient norm within 1e-4), for GPT with documents spanning the cp
-ranks under cp4 and without under cp2 with ZeRO-3 over the cp pair (whose reduce-scatter
+ranks under cp4 (and cp2 with ZeRO-2) and without under cp2 with ZeRO-3 over the cp pair (whose reduce-scatter
 DeepSpeed averages over cp: zoo.engine.config), and Llama with documents under tp2 x cp2 with
 sequence parallelism, under cp2 x dp2 with ZeRO-1 and under tp2 x cp2 x dp2, and under cp2 x
 pp2 (GPT with documents at ZeRO-0 with activation checkpointing: a stage recomputes one
@@ -51,13 +51,14 @@ CP_PP = ["parallel=cp", "parallel.pp=2", "parallel.num_microbatches=2"]
 @pytest.mark.parametrize("family, layout", [
     ("gpt-docs", ["parallel=cp", "parallel.cp=4", "parallel.zero_stage=0", "trainer.micro_batch_size=4"]),
     ("gpt", ["parallel=cp", "parallel.zero_stage=3", "trainer.micro_batch_size=4"]),
+    ("gpt-docs", ["parallel=cp", "parallel.zero_stage=2", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=tp", "parallel.cp=2", "parallel.sequence_parallel=true", "trainer.micro_batch_size=4"]),
     ("llama", ["parallel=cp", "parallel.dp=2", "trainer.micro_batch_size=2"]),
     ("llama", ["parallel=tp", "parallel.cp=2", "parallel.dp=2", "trainer.micro_batch_size=2"]),
     ("gpt-docs", [*CP_PP, "parallel.zero_stage=0", "model.activation_checkpointing=true", "trainer.micro_batch_size=4"]),
     ("gpt", [*CP_PP, "trainer.micro_batch_size=4"]),
     ("llama-plain", ["parallel=cp", "parallel.cp=4", "trainer.micro_batch_size=4"]),
-], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1", "llama-tp2-cp2-dp2",
+], ids=["gpt-docs-cp4", "gpt-cp2-zero3", "gpt-docs-cp2-zero2", "llama-tp2-cp2-sp", "llama-cp2-dp2-zero1", "llama-tp2-cp2-dp2",
         "gpt-docs-cp2-pp2-zero0", "gpt-cp2-pp2-zero1", "llama-cp4-zero1"])
 def test_a_layout_with_cp_trains_as_one_process(run_zoo, one, family, layout):
     run = run_zoo(*FAMILY[family], *COMMON, *layout)
